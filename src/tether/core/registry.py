@@ -1,0 +1,51 @@
+"""Name -> function registries: one per kind of math (advantage, policy loss, KL, ...).
+
+Users write these names in configs; trainers always dispatch through the registry,
+and a lookup error lists every valid name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry(Generic[F]):
+    """A named collection of functions of one kind, filled by the ``register`` decorator."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, F] = {}
+
+    def register(self, name: str, *aliases: str) -> Callable[[F], F]:
+        """Decorator: register ``fn`` under ``name`` (and any aliases)."""
+
+        def decorator(fn: F) -> F:
+            for key in (name, *aliases):
+                if key in self._entries:
+                    raise ValueError(f"{self.kind} {key!r} is already registered")
+                self._entries[key] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> F:
+        try:
+            return self._entries[name]
+        except KeyError:
+            valid = ", ".join(sorted(self._entries))
+            raise KeyError(f"unknown {self.kind} {name!r}; valid names: {valid}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
