@@ -1,0 +1,100 @@
+"""Load records from files, ``datasets`` objects or Python lists, validated against a format.
+
+Sources: ``.jsonl`` (one object a line; blank lines skipped; errors give the line number),
+``.json`` (a list of objects), ``.parquet``, a directory written by ``datasets``'
+``save_to_disk``, a ``datasets.Dataset`` / ``DatasetDict``, or a list of dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tether.data.schemas import DataError, validate_records
+
+EXTENSIONS = (".jsonl", ".json", ".parquet")
+
+
+def load_records(source: str | Path | list[dict] | Any, format: str | None = None, *,
+                 split: str = "train") -> list[dict]:
+    """Read every row of ``source`` and validate it as ``format`` (detected when None).
+
+    ``split`` picks the split of a ``DatasetDict`` (in memory or saved to disk).
+    Returns normalised dicts; raises :class:`DataError` naming the source, row and field
+    of the first bad row, or ``FileNotFoundError`` for a missing path.
+    """
+    if isinstance(source, list):
+        return validate_records(source, format, "<list>")
+    if isinstance(source, str | Path):
+        return _load_path(Path(source), format, split)
+    import datasets
+
+    if isinstance(source, datasets.DatasetDict):
+        source = _pick_split(source, split, "<dataset>")
+    if isinstance(source, datasets.Dataset):
+        return validate_records(source.to_list(), format, "<dataset>")
+    raise TypeError(f"cannot load records from a {type(source).__name__}; give a path (.jsonl, .json, "
+                    ".parquet or a saved datasets directory), a list of dicts or a datasets.Dataset")
+
+
+def _load_path(path: Path, format: str | None, split: str) -> list[dict]:
+    if not path.exists():
+        raise FileNotFoundError(f"data file not found: {path}")
+    source = str(path)
+    if path.is_dir():
+        import datasets
+
+        try:
+            data = datasets.load_from_disk(source)
+        except FileNotFoundError as e:
+            raise DataError(f"{source}: a directory must be one saved by datasets' save_to_disk ({e})",
+                            source=source) from None
+        if isinstance(data, datasets.DatasetDict):
+            data = _pick_split(data, split, source)
+        return validate_records(data.to_list(), format, source)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows, lines = _read_jsonl(path)
+        return validate_records(rows, format, source, line_numbers=lines)
+    if suffix == ".json":
+        return validate_records(_read_json(path), format, source)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return validate_records(pq.read_table(path).to_pylist(), format, source)
+    raise DataError(f"{source}: unknown file extension {path.suffix!r}; expected one of "
+                    f"{', '.join(EXTENSIONS)} or a datasets directory", source=source)
+
+
+def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
+    rows, lines = [], []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {number}: invalid JSON ({e.msg} at column {e.colno})",
+                                source=str(path), row=number) from None
+            lines.append(number)
+    return rows, lines
+
+
+def _read_json(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                        "use .jsonl for one object a line", source=str(path), row=e.lineno) from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: a .json file must hold a list of records, got {type(data).__name__}",
+                        source=str(path))
+    return data
+
+
+def _pick_split(data: Any, split: str, source: str) -> Any:
+    if split not in data:
+        raise DataError(f"{source}: no split {split!r}; available: {', '.join(data)}", source=source)
+    return data[split]

@@ -1,0 +1,210 @@
+"""Tokenisation with loss masks: which tokens a model is trained on.
+
+Labels follow the Hugging Face convention: aligned with ``input_ids`` (the trainer shifts),
+``-100`` on tokens not trained on. ``labels[0]`` is always ``-100`` since nothing predicts
+the first token. Masks are built from spans, never by comparing token ids with the pad id,
+so a tokenizer whose pad equals its eos still learns the eos.
+
+- raw ``prompt_completion``: ``bos + prompt + completion + eos``; loss on completion + eos.
+  Prompt and completion are tokenised separately and concatenated, so the prompt tokens are
+  exactly what ``tokenize_prompt`` feeds a generator.
+- conversational records (``chat``, or ``prompt_completion`` with message lists): the chat
+  template; loss on the assistant turns (of the completion only, for prompt_completion)
+  including the end-of-turn tokens the template writes after them. Each assistant span is
+  found by rendering the conversation up to that turn (with the generation prompt) and up to
+  its end, and checking that both token prefixes agree with the full conversation's tokens;
+  a template that rewrites earlier turns (e.g. strips old reasoning) fails loudly.
+  If the conversation ends with a trained assistant turn that the template closes without
+  the eos token (its own end-of-turn marker, or nothing), eos is appended there and learned.
+- truncation cuts on the right (``overflow="truncate"``); an example with no loss token left
+  is dropped. ``overflow="drop"`` drops every over-long example.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+IGNORE_INDEX = -100
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenizedExample:
+    """One training sequence. ``labels`` = ``input_ids`` with -100 where no loss is taken."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Targets after the HF shift (the first label never is one)."""
+        return sum(label != IGNORE_INDEX for label in self.labels[1:])
+
+
+# ---------------------------------------------------------------- tokenizer helpers
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _bos(tokenizer: Any) -> list[int]:
+    return [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+
+
+def _eos(tokenizer: Any) -> int:
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; tether appends and trains on eos")
+    return tokenizer.eos_token_id
+
+
+def _render(tokenizer: Any, messages: list[dict], *, generation_prompt: bool, tools: Any = None) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("conversational records need a tokenizer with a chat template")
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
+    return _encode(tokenizer, text)
+
+
+def _is_prefix(prefix: list[int], full: list[int]) -> bool:
+    return len(prefix) <= len(full) and full[: len(prefix)] == prefix
+
+
+# ---------------------------------------------------------------- sft
+
+
+def _chat_example(messages: list[dict], trainable: Sequence[int], tokenizer: Any, tools: Any) -> TokenizedExample:
+    """Tokens of the whole conversation; labels on the assistant messages at ``trainable``."""
+    full = _render(tokenizer, messages, generation_prompt=False, tools=tools)
+    labels = [IGNORE_INDEX] * len(full)
+    eos = _eos(tokenizer)
+    start = end = 0
+    for i in trainable:
+        if i == 0:
+            raise ValueError("the conversation starts with an assistant message; there is no prefix "
+                             "to locate its start in the chat template (prepend a system or user message)")
+        start_ids = _render(tokenizer, messages[:i], generation_prompt=True, tools=tools)
+        end_ids = _render(tokenizer, messages[: i + 1], generation_prompt=False, tools=tools)
+        if not (_is_prefix(start_ids, end_ids) and _is_prefix(end_ids, full)):
+            raise ValueError(f"the chat template is not prefix-stable at message {i}: rendering the "
+                             "conversation up to that turn does not give a prefix of the full rendering, "
+                             "so the assistant tokens cannot be located")
+        start, end = len(start_ids), len(end_ids)
+        labels[start:end] = full[start:end]
+    if trainable and trainable[-1] == len(messages) - 1 and eos not in full[start:end]:
+        # The template closes turns with its own marker (or nothing): teach the model to stop.
+        full, labels = [*full[:end], eos, *full[end:]], [*labels[:end], eos, *labels[end:]]
+    labels[0] = IGNORE_INDEX
+    return TokenizedExample(full, labels)
+
+
+def _sft_example(record: dict, tokenizer: Any) -> TokenizedExample:
+    if "messages" in record:
+        messages = record["messages"]
+        trainable = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        return _chat_example(messages, trainable, tokenizer, record.get("tools"))
+    if "prompt" not in record or "completion" not in record:
+        raise ValueError(f"an sft record needs 'messages' or 'prompt' + 'completion'; got fields {sorted(record)}")
+    prompt, completion = record["prompt"], record["completion"]
+    if isinstance(prompt, list):
+        messages = [*prompt, *completion]
+        trainable = [i for i, m in enumerate(messages) if i >= len(prompt) and m["role"] == "assistant"]
+        return _chat_example(messages, trainable, tokenizer, record.get("tools"))
+    prompt_ids = _bos(tokenizer) + _encode(tokenizer, prompt)
+    completion_ids = [*_encode(tokenizer, completion), _eos(tokenizer)]
+    labels = [IGNORE_INDEX] * len(prompt_ids) + completion_ids
+    labels[0] = IGNORE_INDEX
+    return TokenizedExample(prompt_ids + completion_ids, labels)
+
+
+def _fit(example: TokenizedExample, max_length: int, overflow: str) -> tuple[TokenizedExample | None, str]:
+    """Apply the overflow policy; the status is "ok", "truncated" or "dropped"."""
+    if overflow not in ("truncate", "drop"):
+        raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
+    status = "ok"
+    if len(example) > max_length:
+        if overflow == "drop":
+            return None, "dropped"
+        example = TokenizedExample(example.input_ids[:max_length], example.labels[:max_length])
+        status = "truncated"
+    if example.num_loss_tokens == 0:
+        return None, "dropped"
+    return example, status
+
+
+def tokenize_sft(record: dict, tokenizer: Any, *, max_length: int,
+                 overflow: Literal["truncate", "drop"] = "truncate") -> TokenizedExample | None:
+    """Tokenise a ``prompt_completion`` or ``chat`` record with its loss mask; None when dropped."""
+    example, _ = _fit(_sft_example(record, tokenizer), max_length, overflow)
+    return example
+
+
+# ---------------------------------------------------------------- text and prompts
+
+
+def tokenize_text(record: dict, tokenizer: Any, *, max_length: int) -> list[TokenizedExample]:
+    """Pre-training text: ``bos + text + eos``, loss on everything but bos.
+
+    A long text is split into chunks of at most ``max_length`` tokens that overlap by one
+    token: the last token of a chunk is the (unscored) first token of the next, so every
+    token but bos is a target exactly once, as in the unsplit sequence.
+    """
+    if max_length < 2:
+        raise ValueError(f"max_length must be at least 2, got {max_length}")
+    ids = _bos(tokenizer) + _encode(tokenizer, record["text"]) + [_eos(tokenizer)]
+    chunks = []
+    for start in range(0, max(len(ids) - 1, 1), max_length - 1):
+        piece = ids[start : start + max_length]
+        if len(piece) >= 2:
+            chunks.append(TokenizedExample(piece, [IGNORE_INDEX, *piece[1:]]))
+    return chunks
+
+
+def tokenize_prompt(prompt: str | list[dict], tokenizer: Any, *, tools: Any = None) -> list[int]:
+    """Prompt ids for generation: ``bos + prompt`` for text, the chat template with the
+    generation prompt for a list of messages."""
+    if isinstance(prompt, list):
+        return _render(tokenizer, prompt, generation_prompt=True, tools=tools)
+    return _bos(tokenizer) + _encode(tokenizer, prompt)
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def tokenize_dataset(records: Sequence[dict], tokenizer: Any, *, kind: Literal["sft", "text"],
+                     max_length: int, overflow: Literal["truncate", "drop"] = "truncate",
+                     ) -> tuple[list[TokenizedExample], dict[str, int]]:
+    """Tokenise every record; returns the examples and counts.
+
+    Stats: ``records`` in, ``examples`` out, ``truncated``, ``dropped`` (over-long with
+    ``overflow="drop"``, or no loss token left), ``split`` (texts cut into several chunks),
+    ``tokens`` and ``loss_tokens`` over the kept examples.
+    """
+    if kind not in ("sft", "text"):
+        raise ValueError(f"kind must be 'sft' or 'text', got {kind!r}")
+    stats = dict(records=len(records), examples=0, truncated=0, dropped=0, split=0, tokens=0, loss_tokens=0)
+    examples: list[TokenizedExample] = []
+    for record in records:
+        if kind == "text":
+            chunks = tokenize_text(record, tokenizer, max_length=max_length)
+            stats["split"] += len(chunks) > 1
+            stats["dropped"] += not chunks
+        else:
+            example, status = _fit(_sft_example(record, tokenizer), max_length, overflow)
+            stats[status] = stats.get(status, 0) + 1
+            chunks = [example] if example is not None else []
+        examples.extend(chunks)
+    stats.pop("ok", None)
+    stats["examples"] = len(examples)
+    stats["tokens"] = sum(len(e) for e in examples)
+    stats["loss_tokens"] = sum(e.num_loss_tokens for e in examples)
+    log.info("tokenised %d %s records -> %d examples (%d truncated, %d dropped, %d split) at max_length %d",
+             stats["records"], kind, stats["examples"], stats["truncated"], stats["dropped"], stats["split"],
+             max_length)
+    return examples, stats

@@ -1,0 +1,58 @@
+"""Held-out task evaluation: greedy accuracy and pass@k, through the rollout engine."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tether.config import EvalConfig
+from tether.data.tokenize import tokenize_prompt
+from tether.rollout import HFEngine, SamplingParams
+from tether.tasks import eval_records, get_task
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021, eq. 1): ``1 - C(n-c, k) / C(n, k)`` from ``c`` correct of ``n``."""
+    if k > n:
+        raise ValueError(f"pass@k needs k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def prompt_ids(prompts: list[Any], tokenizer: Any, chat: bool) -> list[list[int]]:
+    return [tokenize_prompt([{"role": "user", "content": p}] if chat else p, tokenizer) for p in prompts]
+
+
+@torch.no_grad()
+def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
+                  records: list[dict] | None = None) -> dict[str, float]:
+    """Greedy exact-match accuracy on held-out problems; with ``samples`` = k > 1 also pass@k.
+
+    Returns ``{"accuracy": ..., "format": ..., "pass@k": ...}`` (fractions in [0, 1]).
+    """
+    task = get_task(cfg.task, **cfg.options)
+    records = records or eval_records(task, cfg.n, seed=cfg.seed)
+    prompts = [r["prompt"] for r in records]
+    answers = [r["answer"] for r in records]
+    ids = prompt_ids(prompts, tokenizer, cfg.chat)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size)
+    greedy = engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=cfg.max_new_tokens))
+    correct = [task.verify(text, answer) for text, answer in zip(greedy.texts, answers, strict=True)]
+    results = {
+        "accuracy": sum(correct) / len(correct),
+        "format": sum(("</think>" in t) for t in greedy.texts) / len(greedy.texts),
+        "mean_length": sum(len(c) for c in greedy.completion_ids) / len(greedy.completion_ids),
+    }
+    if cfg.samples > 1:
+        sampled = engine.generate(ids, SamplingParams(n=cfg.samples, temperature=cfg.temperature,
+                                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
+        hits = [0] * len(records)
+        for text, index in zip(sampled.texts, sampled.prompt_index, strict=True):
+            hits[index] += int(task.verify(text, answers[index]) > 0)
+        k = cfg.samples
+        results[f"pass@{k}"] = sum(pass_at_k(k, c, k) for c in hits) / len(hits)
+        results[f"mean@{k}"] = sum(hits) / (k * len(hits))
+    return results

@@ -1,0 +1,185 @@
+"""Recipes: an ordered list of stages, each naming its inputs by the stage that made them.
+
+A recipe is YAML::
+
+    name: sft-arithmetic
+    description: one line
+    defaults: {train: {threads: 2}}          # deep-merged into every stage
+    stages:
+      - {name: pretrain, type: pretrain, model: {name_or_path: tether/tiny}, ...}
+      - {name: sft, type: sft, model: {name_or_path: "@pretrain"}, ...}
+
+``@stage`` (in ``model.name_or_path`` or any ``path``) means the output folder of that
+earlier stage. A finished stage (its ``stage.json`` exists) is skipped on re-run; an
+interrupted one resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tether.config import ConfigError, StageConfig, apply_override, load_yaml, parse_overrides
+from tether.core.registry import Registry
+from tether.trainers import checkpoint as ckpt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageType:
+    config_class: type[StageConfig]
+    run: Callable[[StageConfig, Path, bool], dict[str, float]]
+    description: str = ""
+
+
+STAGE_TYPES: Registry = Registry("stage type")
+
+
+def register_stage(name: str, config_class: type[StageConfig], description: str = ""):
+    """Decorator registering ``run(config, run_dir, resume) -> results`` for a stage type."""
+
+    def decorator(fn: Callable[[StageConfig, Path, bool], dict[str, float]]):
+        STAGE_TYPES.register(name)(StageType(config_class, fn, description))
+        return fn
+
+    return decorator
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# ---- recipes ---------------------------------------------------------------------------------------
+def builtin_recipes() -> dict[str, Path]:
+    folder = resources.files("tether") / "recipes"
+    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".yaml")}
+
+
+def load_recipe(name_or_path: str) -> dict[str, Any]:
+    recipes = builtin_recipes()
+    if name_or_path in recipes:
+        data = load_yaml(recipes[name_or_path])
+    elif Path(name_or_path).exists():
+        data = load_yaml(name_or_path)
+    else:
+        raise ConfigError(f"no recipe {name_or_path!r}: not a file, and not one of the built-in recipes "
+                          f"({', '.join(sorted(recipes))})")
+    if not isinstance(data.get("stages"), list) or not data["stages"]:
+        raise ConfigError(f"recipe {name_or_path!r} has no 'stages' list")
+    data.setdefault("name", Path(name_or_path).stem)
+    return data
+
+
+def apply_recipe_overrides(recipe: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Dotted overrides: ``STAGE.key.path=v`` for one stage, ``*.key.path=v`` for every stage,
+    anything else at the recipe's top level (``defaults.optim.lr=1e-3``)."""
+    recipe = copy.deepcopy(recipe)
+    names = [s.get("name") for s in recipe["stages"]]
+    for key, value in parse_overrides(overrides):
+        head, _, rest = key.partition(".")
+        if head == "*" and rest:
+            for stage in recipe["stages"]:
+                apply_override(stage, rest, value)
+        elif head in names and rest:
+            apply_override(recipe["stages"][names.index(head)], rest, value)
+        elif head in ("name", "description", "defaults", "stages") or not rest:
+            apply_override(recipe, key, value)
+        else:
+            raise ConfigError(f"override {key!r}: {head!r} is neither a stage ({', '.join(names)}) nor "
+                              "'*' nor a recipe key")
+    return recipe
+
+
+def resolve_references(data: Any, run_dir: Path, done: set[str]) -> Any:
+    """Replace ``@stage`` (and ``@stage/sub/path``) strings with paths inside the run directory."""
+    if isinstance(data, dict):
+        return {k: resolve_references(v, run_dir, done) for k, v in data.items()}
+    if isinstance(data, list):
+        return [resolve_references(v, run_dir, done) for v in data]
+    if isinstance(data, str) and data.startswith("@"):
+        stage, _, sub = data[1:].partition("/")
+        if stage not in done:
+            raise ConfigError(f"{data!r} refers to stage {stage!r}, which does not come earlier in the recipe")
+        return str(run_dir / stage / sub) if sub else str(run_dir / stage)
+    return data
+
+
+def stage_config(raw: dict[str, Any]) -> StageConfig:
+    stage_type = raw.get("type")
+    if not stage_type:
+        raise ConfigError(f"stage {raw.get('name', '?')!r} has no 'type'; valid: {', '.join(STAGE_TYPES)}")
+    try:
+        spec = STAGE_TYPES.get(stage_type)
+    except KeyError as err:
+        raise ConfigError(str(err.args[0])) from None
+    try:
+        return spec.config_class.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"stage {raw.get('name', stage_type)!r}: {err}") from None
+
+
+def validate_recipe(recipe: dict[str, Any]) -> list[StageConfig]:
+    """Validate every stage up front, so a typo in the last stage fails before hours of training."""
+    defaults = recipe.get("defaults") or {}
+    seen: list[str] = []
+    configs = []
+    for i, raw in enumerate(recipe["stages"]):
+        raw = deep_merge(defaults, raw)
+        raw.setdefault("name", raw.get("type", f"stage{i}"))
+        if raw["name"] in seen:
+            raise ConfigError(f"two stages are named {raw['name']!r}")
+        resolved = resolve_references(raw, Path("."), set(seen))
+        configs.append(stage_config(resolved))
+        seen.append(raw["name"])
+    return configs
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = True) -> dict[str, dict]:
+    """Run every stage in order; returns (and writes ``results.json``) figures keyed by stage."""
+    from tether import stages  # noqa: F401  (registers the stage types)
+
+    run_dir = Path(run_dir)
+    validate_recipe(recipe)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    results_path = run_dir / "results.json"
+    results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.exists() else {}
+    defaults = recipe.get("defaults") or {}
+    done: set[str] = set()
+    for i, raw in enumerate(recipe["stages"]):
+        raw = deep_merge(defaults, raw)
+        name = raw.setdefault("name", raw.get("type", f"stage{i}"))
+        cfg = stage_config(resolve_references(raw, run_dir, done))
+        finished = ckpt.read_done(run_dir / name)
+        if finished is not None:
+            log.info("stage %s already finished; skipping", name)
+            results[name] = finished.get("results", {})
+        else:
+            results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
+            write_json_atomic(results_path, results)
+        done.add(name)
+    write_json_atomic(results_path, results)
+    return results

@@ -1,0 +1,44 @@
+"""Rewards: verifiable reward functions, their weighted combination, and reward shaping.
+
+Knows nothing about training: reward functions map text to numbers, the composer turns several
+of them into one tensor per batch, and shaping functions map token lengths to penalties.
+"""
+
+from tether.rewards.combine import (
+    RewardComposer,
+    RewardFunctionError,
+    RewardResult,
+    RewardSpec,
+    resolve_reward_function,
+)
+from tether.rewards.shaping import REWARD_SHAPING, overlong_penalty
+from tether.rewards.verifiers import (
+    REWARD_FUNCTIONS,
+    exact_match_reward,
+    format_reward,
+    format_score,
+    length_reward,
+    math_reward,
+    normalize_answer,
+    regex_reward,
+    task_reward,
+)
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "REWARD_SHAPING",
+    "RewardComposer",
+    "RewardFunctionError",
+    "RewardResult",
+    "RewardSpec",
+    "exact_match_reward",
+    "format_reward",
+    "format_score",
+    "length_reward",
+    "math_reward",
+    "normalize_answer",
+    "overlong_penalty",
+    "regex_reward",
+    "resolve_reward_function",
+    "task_reward",
+]

@@ -1,0 +1,246 @@
+"""Built-in verifiable reward functions, keyed by the name users write in configs.
+
+Every function follows the reward protocol::
+
+    fn(prompts: list[str], completions: list[str], **dataset_columns) -> list[float | None]
+
+one value per completion; ``None`` means "no reward for this sample" (the gold answer is
+missing or cannot be read, say). Dataset columns such as ``answer`` arrive as keyword lists
+aligned with the completions; options come from the config's ``kwargs`` as plain keyword values::
+
+    rewards:
+      - {name: accuracy, weight: 1.0, kwargs: {task: arithmetic}}
+      - {name: format, weight: 0.5, kwargs: {partial_credit: 0.5}}
+
+Every built-in ends in ``**_columns`` so that unrelated dataset columns pass through harmlessly;
+``RewardComposer`` still rejects option names a built-in does not know, so a typo in a config is
+an error rather than a silently ignored option.
+
+Correctness rewards (``accuracy``, ``math``, ``exact_match``) look only at the answer part of a
+completion: the text after the last ``</think>``, or all of it when there is none.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+
+import tether.tasks  # noqa: F401  (registers the built-in tasks that ``accuracy`` looks up)
+from tether.core.registry import Registry
+from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer, get_task
+
+RewardFunction = Callable[..., list[float | None]]
+
+REWARD_FUNCTIONS: Registry[RewardFunction] = Registry("reward function")
+
+
+@REWARD_FUNCTIONS.register("accuracy", "task")
+def task_reward(
+    prompts: list[str],
+    completions: list[str],
+    answer: list[str | None],
+    *,
+    task: str = "arithmetic",
+    task_options: dict | None = None,
+    **_columns,
+) -> list[float | None]:
+    """Task correctness: the registered task's own verifier (``Task.verify``) on each completion.
+
+    ``task`` names a task in ``tether.tasks.TASKS``; ``task_options`` are its constructor options
+    (``{"digits": 3}``). They are a dict rather than loose keywords because loose keywords would
+    collide with dataset columns, which arrive as keywords too. A row whose ``answer`` is None
+    gets None.
+    """
+    verifier = get_task(task, **(task_options or {}))
+    return [
+        None if gold is None else float(verifier.verify(completion, str(gold)))
+        for completion, gold in zip(completions, answer, strict=True)
+    ]
+
+
+def _parse_gold(gold: str, timeout: int | None) -> list:
+    from math_verify import parse
+
+    # Gold answers are often bare LaTeX ("\sqrt{2}") that math_verify only reads inside math delimiters.
+    return parse(gold, parsing_timeout=timeout) or parse(f"${gold}$", parsing_timeout=timeout)
+
+
+@REWARD_FUNCTIONS.register("math")
+def math_reward(
+    prompts: list[str],
+    completions: list[str],
+    answer: list[str | None],
+    *,
+    timeout: int | None = 5,
+    **_columns,
+) -> list[float | None]:
+    """Mathematical equivalence of the completion's answer and the gold ``answer``, by math-verify.
+
+    math-verify (Kydlíček, Hugging Face 2025) extracts the answer (``\\boxed{}`` first, then LaTeX
+    and plain expressions), parses it with SymPy and compares symbolically and numerically, so
+    ``\\boxed{\\frac{1}{2}}``, ``1/2`` and ``0.5`` all match a gold ``0.5``. 1.0 on a match, 0.0
+    otherwise (including an answer that cannot be parsed); None when the gold answer is None or
+    cannot be parsed itself (a data problem, not the policy's).
+
+    Timeouts: math-verify bounds each parse / comparison with ``signal.alarm``, which only works
+    on the main thread (and replaces any alarm the caller had set). ``timeout`` seconds apply
+    there; off the main thread (rollout worker threads) timeouts are switched off rather than
+    letting math-verify raise, so a pathological expression can then run long. ``timeout=None``
+    or ``0`` switches them off everywhere.
+    """
+    from math_verify import parse, verify
+
+    if not timeout or threading.current_thread() is not threading.main_thread():
+        timeout = None
+    golds: dict[str, list] = {}  # K completions per prompt share one gold: parse it once
+    scores: list[float | None] = []
+    for completion, gold in zip(completions, answer, strict=True):
+        if gold is None:
+            scores.append(None)
+            continue
+        key = str(gold)
+        if key not in golds:
+            golds[key] = _parse_gold(key, timeout)
+        if not golds[key]:
+            scores.append(None)
+            continue
+        predicted = parse(extract_answer(completion), parsing_timeout=timeout)
+        scores.append(float(bool(predicted) and verify(golds[key], predicted, timeout_seconds=timeout)))
+    return scores
+
+
+_THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, collapse whitespace, drop trailing periods and thousands separators ("1,234" -> "1234")."""
+    text = " ".join(text.lower().split())
+    text = text.rstrip(".").rstrip()
+    return _THOUSANDS_SEPARATOR.sub("", text)
+
+
+@REWARD_FUNCTIONS.register("exact_match")
+def exact_match_reward(
+    prompts: list[str],
+    completions: list[str],
+    answer: list[str | None],
+    *,
+    extract: bool = True,
+    **_columns,
+) -> list[float | None]:
+    """1.0 when the answer equals the gold ``answer`` after ``normalize_answer``, else 0.0.
+
+    ``extract=False`` compares the whole completion instead of the text after ``</think>``.
+    A row whose ``answer`` is None gets None.
+    """
+    scores: list[float | None] = []
+    for completion, gold in zip(completions, answer, strict=True):
+        if gold is None:
+            scores.append(None)
+            continue
+        given = extract_answer(completion) if extract else completion
+        scores.append(float(normalize_answer(given) == normalize_answer(str(gold))))
+    return scores
+
+
+_THINK_BLOCK = re.compile(r"\s*<think>(?P<think>.*?)</think>(?P<rest>.*)", re.DOTALL)
+_ANSWER_BLOCK = re.compile(r"\s*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL)
+
+
+def format_score(completion: str, *, answer_tags: bool = False, partial_credit: float = 0.0) -> float:
+    """Score one completion for the R1 format; see ``format_reward``."""
+    block = _THINK_BLOCK.fullmatch(completion)
+    if (
+        block is None
+        or THINK_OPEN in block["think"]
+        or THINK_OPEN in block["rest"]
+        or THINK_CLOSE in block["rest"]
+    ):
+        return 0.0
+    rest = block["rest"]
+    if answer_tags:
+        tagged = _ANSWER_BLOCK.fullmatch(rest)
+        inner = tagged["answer"] if tagged else ""
+        has_answer = bool(inner.strip()) and "<answer>" not in inner and "</answer>" not in inner
+    else:
+        has_answer = bool(rest.strip())
+    return 1.0 if has_answer else partial_credit
+
+
+@REWARD_FUNCTIONS.register("format")
+def format_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    answer_tags: bool = False,
+    partial_credit: float = 0.0,
+    **_columns,
+) -> list[float | None]:
+    """R1 format reward (DeepSeek-AI 2025, "DeepSeek-R1", sec. 2.2.2): reasoning inside think tags.
+
+    1.0 when the completion is exactly one ``<think>...</think>`` block (leading whitespace
+    allowed, empty reasoning allowed) followed by a non-empty answer with no further think tags;
+    with ``answer_tags=True`` the answer must instead be one non-empty ``<answer>...</answer>``
+    block. When the prompt already ends in ``<think>`` (the R1-Zero template opens the block for
+    the model), the completion is read as continuing it.
+
+    ``partial_credit`` (default 0.0, in [0, 1]) is paid for a well-formed, closed think block whose
+    answer is missing (or, with ``answer_tags``, not properly tagged): a shaping step for
+    models that learn to close the block before they learn to answer. The paper's reward is the
+    strict 0/1 one.
+    """
+    if not 0.0 <= partial_credit <= 1.0:
+        raise ValueError(f"partial_credit must be in [0, 1], got {partial_credit}")
+    scores: list[float | None] = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        if prompt.rstrip().endswith(THINK_OPEN):
+            completion = THINK_OPEN + completion
+        scores.append(format_score(completion, answer_tags=answer_tags, partial_credit=partial_credit))
+    return scores
+
+
+@REWARD_FUNCTIONS.register("regex")
+def regex_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    pattern: str,
+    mode: str = "search",
+    ignore_case: bool = False,
+    dotall: bool = True,
+    **_columns,
+) -> list[float | None]:
+    """1.0 when the completion matches ``pattern``, else 0.0.
+
+    ``mode="search"`` matches anywhere, ``mode="fullmatch"`` the whole completion. ``dotall``
+    (default on) lets ``.`` cross newlines, which multi-line completions usually need.
+    """
+    if mode not in ("search", "fullmatch"):
+        raise ValueError(f"mode must be 'search' or 'fullmatch', got {mode!r}")
+    flags = (re.IGNORECASE if ignore_case else 0) | (re.DOTALL if dotall else 0)
+    matcher = getattr(re.compile(pattern, flags), mode)
+    return [float(matcher(completion) is not None) for completion in completions]
+
+
+@REWARD_FUNCTIONS.register("length")
+def length_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    target: int,
+    unit: str = "chars",
+    scale: float = 1.0,
+    **_columns,
+) -> list[float | None]:
+    """``-scale * |len(completion) - target|``: 0 at the target length, lower the further away.
+
+    Length is counted in characters (``unit="chars"``) or whitespace-separated words
+    (``unit="words"``), never tokens, so it needs no tokenizer. Meant for tests and toy runs,
+    where "the policy moves its length toward the target" is an effect easy to see in a few
+    steps; for token-length shaping of real runs see ``tether.rewards.shaping``.
+    """
+    if unit not in ("chars", "words"):
+        raise ValueError(f"unit must be 'chars' or 'words', got {unit!r}")
+    lengths = [len(c) if unit == "chars" else len(c.split()) for c in completions]
+    return [-scale * abs(length - target) for length in lengths]

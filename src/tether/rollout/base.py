@@ -1,0 +1,146 @@
+"""The generation protocol every rollout engine implements: token ids in, token ids out.
+
+An engine takes prompts as lists of token ids and a :class:`SamplingParams`, and returns a
+:class:`Rollout` holding, per sample, the sampled token ids, the log-prob of each sampled token
+and why the sample ended. Engines never re-tokenise decoded text, so what the trainer scores is
+exactly what was sampled.
+
+What ``completion_logprobs`` means (the one definition every engine follows):
+
+* sampling (``temperature > 0`` and not ``greedy``): ``log_softmax(logits / temperature)`` at the
+  sampled token. This is the distribution a trainer recomputes from a forward pass over
+  prompt + completion (as TRL and verl do), so old and new log-probs are comparable. The
+  top-k / top-p truncation used to *draw* the token is **not** reflected: under a truncated
+  distribution the kept tokens would have slightly higher probability than reported.
+* greedy (``greedy=True`` or ``temperature == 0``): ``log_softmax(logits)`` at the argmax token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass
+class SamplingParams:
+    """How to sample: ``n`` samples per prompt, temperature / top-k / top-p, stop conditions.
+
+    ``temperature == 0`` means greedy, as does ``greedy=True``. ``top_k == 0`` and ``top_p == 1``
+    switch those filters off. A sample stops on the tokenizer's EOS or when its decoded text
+    contains one of ``stop``; the stop string is kept in the returned text, which is cut right
+    after it. ``seed`` makes sampling reproducible: the same seed, prompts and batch size give
+    the same samples.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    greedy: bool = False
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 switches it off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):
+            raise ValueError(f"SamplingParams.stop must be a list of strings, got the string {self.stop!r}")
+        self.stop = list(self.stop)
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+@dataclass
+class Rollout:
+    """The result of one ``generate`` call: ``N = len(prompts) * n`` samples.
+
+    The ``n`` samples of one prompt are contiguous: sample ``i`` came from prompt
+    ``prompt_index[i] == i // n``. Every field is a list of length ``N``.
+
+    * ``prompt_ids``: the prompt of each sample, as given (no padding).
+    * ``completion_ids``: exactly the sampled token ids, EOS included when the sample stopped on it.
+    * ``completion_logprobs``: one float per completion token; see the module docstring.
+    * ``finish_reasons``: ``"stop"`` (EOS or a stop string) or ``"length"`` (``max_new_tokens`` hit).
+    * ``prompt_index``: which input prompt each sample came from.
+    * ``texts``: decoded completions, special tokens skipped, cut after the stop string if one matched.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    completion_logprobs: list[list[float]]
+    finish_reasons: list[str]
+    prompt_index: list[int]
+    texts: list[str]
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_ids)
+        for name in ("completion_ids", "completion_logprobs", "finish_reasons", "prompt_index", "texts"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Rollout.{name} has {len(getattr(self, name))} entries, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def to_padded(self, pad_id: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Stack the samples into padded tensors.
+
+        Returns a dict with
+        ``completion_ids`` (N, T) int64 right-padded with ``pad_id``,
+        ``completion_mask`` (N, T) int64, 1 on sampled tokens,
+        ``logprobs`` (N, T) float32, 0 on padding,
+        ``prompt_ids`` (N, P) int64 *left*-padded with ``pad_id`` and
+        ``prompt_mask`` (N, P) int64, so ``cat([prompt_ids, completion_ids], 1)`` is the full sequence.
+        ``T`` is the longest completion (at least 1), ``P`` the longest prompt.
+        """
+        n = len(self)
+        t = max([len(c) for c in self.completion_ids] + [1])
+        p = max([len(q) for q in self.prompt_ids] + [1])
+        ids = torch.full((n, t), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, t), dtype=torch.long)
+        logprobs = torch.zeros((n, t), dtype=torch.float32)
+        prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((n, p), dtype=torch.long)
+        for i, (comp, lps, prompt) in enumerate(
+            zip(self.completion_ids, self.completion_logprobs, self.prompt_ids, strict=True)
+        ):
+            if comp:
+                ids[i, : len(comp)] = torch.tensor(comp, dtype=torch.long)
+                mask[i, : len(comp)] = 1
+                logprobs[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+            if prompt:
+                prompt_ids[i, p - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+                prompt_mask[i, p - len(prompt) :] = 1
+        out = {
+            "completion_ids": ids,
+            "completion_mask": mask,
+            "logprobs": logprobs,
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+        }
+        if device is not None:
+            out = {k: v.to(device) for k, v in out.items()}
+        return out
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Anything that turns token-id prompts into a :class:`Rollout`."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout: ...

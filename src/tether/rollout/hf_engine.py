@@ -1,0 +1,318 @@
+"""A KV-cached sampler for any Hugging Face causal LM: the CPU / small-model rollout engine.
+
+``HFEngine`` wraps the live model object (no copy), so after an optimizer step the next
+``generate`` already samples from the new weights. It is a hand-written batched decode loop rather
+than ``model.generate``:
+
+1. prompts (each repeated ``n`` times, samples of one prompt contiguous) are left-padded into
+   one batch; the attention mask for prompt + every new token is allocated once and sliced;
+2. one prefill forward computes the KV cache and only the last position's logits
+   (``logits_to_keep=1``); when a chunk holds whole groups of ``n`` samples the prefill runs on
+   the distinct prompts and the cache is repeated ``n`` times;
+3. one forward per new token with the cache (``DynamicCache``); sampling applies temperature,
+   top-k then top-p, with a seeded ``torch.Generator`` when ``params.seed`` is set;
+4. a row stops on EOS or on a stop string; finished rows are fed pad and ignored, and once at
+   most three quarters of the batch is still running the finished rows are dropped from the batch
+   and the cache (``batch_select_indices``); the loop ends when every row is done.
+
+Departures from ``model.generate``: no repetition penalty, beam search or other logits processors;
+log-probs follow the definition in :mod:`tether.rollout.base` (``log_softmax(logits / T)`` of the
+sampled token, top-k / top-p truncation not reflected). Stop strings are matched on decoded text
+(special tokens skipped) and the returned text is cut right after the stop string, while the
+token ids keep every sampled token.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from tether.rollout.base import Rollout, SamplingParams
+
+# Drop finished rows from the batch once the running rows are at most this fraction of it. Measured on the
+# tiny model (batch 64, 64 new tokens, ragged EOS): 0.75 beat 0.5 by ~10% and never compacting by ~35%.
+COMPACT_FRACTION = 0.75
+# ...and only when the batch is at least this large (smaller batches are overhead-bound anyway).
+COMPACT_MIN_BATCH = 8
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """EOS ids from the generation config (may be a list), falling back to the tokenizer."""
+    ids: list[int] = []
+    gen_cfg = getattr(model, "generation_config", None)
+    for source in (getattr(gen_cfg, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        for i in [source] if isinstance(source, int) else list(source):
+            if int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return dict(inspect.signature(base.forward).parameters)
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; return ``(tokens (B,), logprobs (B,))``.
+
+    ``logits`` has shape (B, V), float32. Greedy rows take the argmax and report
+    ``log_softmax(logits)`` of it. Otherwise the token is drawn from ``softmax(logits / T)``
+    restricted to the top-k, then to the smallest set of tokens whose mass reaches top-p
+    (the most likely token always survives), and the reported log-prob is
+    ``log_softmax(logits / T)`` of the drawn token, without the truncation.
+    """
+    if params.is_greedy:
+        tokens = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
+    scaled = logits / params.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = None
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        filtered = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        base = scaled if filtered is None else filtered
+        sorted_logits, order = torch.sort(base, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
+        filtered = torch.full_like(base, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logp.exp() if filtered is None else torch.softmax(filtered, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFEngine:
+    """Token-in, token-out generation with a Hugging Face causal LM (see the module docstring).
+
+    ``batch_size`` caps how many samples (prompts x n) are decoded together; ``None`` decodes
+    all of one call in a single batch.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id: int = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
+        params = _forward_params(model)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._logits_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        self._pass_position_ids = "position_ids" in params
+        self._stop_token_filter: dict[tuple[str, ...], torch.Tensor] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        """Sample ``params.n`` completions for each prompt (lists of token ids)."""
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        rows = [i for i in range(len(prompts)) for _ in range(params.n)]
+        chunk = self.batch_size or len(rows)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        completions: list[tuple[list[int], list[float], bool]] = []
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(rows), chunk):
+                    chunk_rows = rows[start : start + chunk]
+                    group = params.n if start % params.n == 0 and len(chunk_rows) % params.n == 0 else 1
+                    batch = [list(prompts[r]) for r in chunk_rows]
+                    completions.extend(self._generate_batch(batch, params, generator, group))
+        finally:
+            self.model.train(was_training)
+        return self._to_rollout(prompts, rows, completions, params)
+
+    # -- one batch ----------------------------------------------------------------------------
+
+    def _forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, Any]:
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "use_cache": True}
+        if self._pass_position_ids:
+            kwargs["position_ids"] = position_ids
+        if cache is not None:
+            kwargs[self._cache_kw] = cache
+        if self._logits_kw is not None:
+            kwargs[self._logits_kw] = 1
+        out = self.model(**kwargs)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = out.past_key_values
+        return out.logits[:, -1, :].float(), new_cache
+
+    def _prefill(
+        self, prompts: list[list[int]], total_len: int, group: int
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Left-pad, run the prompt forward; return (last logits (B, V), cache, mask (B, total), pos (B, 1))."""
+        device = self.device
+        unique = prompts[::group]
+        width = max(len(p) for p in unique)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in unique], dtype=torch.long)
+        lens = torch.tensor([len(p) for p in unique], dtype=torch.long)
+        mask = torch.ones((len(unique), width + total_len), dtype=torch.long)
+        mask[:, :width] = (torch.arange(width)[None, :] >= (width - lens)[:, None]).long()
+        ids, mask, lens = ids.to(device), mask.to(device), lens.to(device)
+        position_ids = (mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
+        logits, cache = self._forward(ids, mask[:, :width], position_ids, None)
+        if group > 1:
+            if hasattr(cache, "batch_repeat_interleave"):
+                cache.batch_repeat_interleave(group)
+                logits = logits.repeat_interleave(group, dim=0)
+            else:  # a legacy tuple cache: prefill every sample instead
+                return self._prefill(prompts, total_len, 1)
+            mask = mask.repeat_interleave(group, dim=0)
+            lens = lens.repeat_interleave(group, dim=0)
+        return logits, cache, mask, lens[:, None].clone()
+
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None, group: int
+    ) -> list[tuple[list[int], list[float], bool]]:
+        """Decode one batch; return per row (completion ids, logprobs, stopped)."""
+        steps = params.max_new_tokens
+        logits, cache, mask, position = self._prefill(prompts, steps, group)
+        device, batch = logits.device, logits.shape[0]
+        width = mask.shape[1] - steps
+        tokens = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
+        stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        rows = torch.arange(batch, device=device)  # batch position -> output row
+        done = torch.zeros(batch, dtype=torch.bool, device=device)  # per current batch position
+        stop_filter = self._stop_filter(params.stop, logits.shape[-1], device) if params.stop else None
+        for t in range(steps):
+            tok, lp = sample_tokens(logits, params, generator)
+            tok = tok.masked_fill(done, self.pad_id)
+            tokens[rows, t] = tok
+            logprobs[rows, t] = lp
+            finished = ~done & torch.isin(tok, eos)
+            if stop_filter is not None:
+                finished |= self._match_stop(tokens, rows, t, tok, done | finished, stop_filter, params.stop)
+            if bool(finished.any()):
+                lengths[rows[finished]] = t + 1
+                stopped[rows[finished]] = True
+                done |= finished
+                running = int((~done).sum())
+                if running == 0:
+                    break
+                if (
+                    t + 1 < steps
+                    and len(rows) >= COMPACT_MIN_BATCH
+                    and running <= COMPACT_FRACTION * len(rows)
+                    and hasattr(cache, "batch_select_indices")
+                ):
+                    keep = (~done).nonzero().squeeze(-1)
+                    cache.batch_select_indices(keep)
+                    rows, done, tok = rows[keep], done[keep], tok[keep]
+                    mask, position = mask[keep], position[keep]
+            if t + 1 == steps:
+                break
+            logits, cache = self._forward(tok[:, None], mask[:, : width + t + 1], position, cache)
+            position += 1
+        return self._unpack(tokens, logprobs, lengths, stopped)
+
+    @staticmethod
+    def _unpack(
+        tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor
+    ) -> list[tuple[list[int], list[float], bool]]:
+        token_lists, lp_lists = tokens.tolist(), logprobs.tolist()
+        return [
+            (ids[:n], lps[:n], s)
+            for ids, lps, n, s in zip(token_lists, lp_lists, lengths.tolist(), stopped.tolist(), strict=True)
+        ]
+
+    # -- stop strings -------------------------------------------------------------------------
+
+    def _stop_filter(self, stop: list[str], vocab: int, device: torch.device) -> torch.Tensor:
+        """Bool (V,): which tokens can complete a stop string, so only those rows are decoded.
+
+        A match first appears on the step whose token holds the stop string's last character.
+        Tokens that decode to a broken character (partial UTF-8) are kept as candidates, and a stop
+        string ending in whitespace disables the filter (tokenizers may drop a token's leading space
+        when it is decoded alone).
+        """
+        key = tuple(stop)
+        if key not in self._stop_token_filter:
+            if any(s[-1].isspace() for s in stop):
+                flags = [True] * vocab
+            else:
+                last = {s[-1] for s in stop}
+                decoded = self.tokenizer.batch_decode([[v] for v in range(vocab)], skip_special_tokens=True)
+                flags = [("\ufffd" in text) or any(c in text for c in last) for text in decoded]
+            self._stop_token_filter[key] = torch.tensor(flags, dtype=torch.bool)
+        return self._stop_token_filter[key].to(device)
+
+    def _match_stop(
+        self,
+        tokens: torch.Tensor,
+        rows: torch.Tensor,
+        t: int,
+        tok: torch.Tensor,
+        inactive: torch.Tensor,
+        stop_filter: torch.Tensor,
+        stop: list[str],
+    ) -> torch.Tensor:
+        """Bool per batch position: the newest token completed a stop string."""
+        hit = torch.zeros_like(inactive)
+        candidates = (stop_filter[tok] & ~inactive).nonzero().squeeze(-1).tolist()
+        if not candidates:
+            return hit
+        window = 4 * max(len(s) for s in stop) + 4  # a character can take up to 4 byte-level tokens
+        lo = max(0, t + 1 - window)
+        tails = tokens[rows[candidates], lo : t + 1].tolist()
+        for pos, text in zip(candidates, self.tokenizer.batch_decode(tails, skip_special_tokens=True), strict=True):
+            if any(s in text for s in stop):
+                hit[pos] = True
+        return hit
+
+    # -- assembling the rollout ---------------------------------------------------------------
+
+    def _to_rollout(
+        self,
+        prompts: list[list[int]],
+        rows: list[int],
+        completions: list[tuple[list[int], list[float], bool]],
+        params: SamplingParams,
+    ) -> Rollout:
+        texts = self.tokenizer.batch_decode([c[0] for c in completions], skip_special_tokens=True)
+        eos = set(self.eos_ids)
+        reasons: list[str] = []
+        for i, (ids, _, stopped) in enumerate(completions):
+            reasons.append("stop" if stopped else "length")
+            if stopped and params.stop and not (ids and ids[-1] in eos):
+                texts[i] = _cut_after_stop(texts[i], params.stop)
+        return Rollout(
+            prompt_ids=[list(prompts[r]) for r in rows],
+            completion_ids=[c[0] for c in completions],
+            completion_logprobs=[c[1] for c in completions],
+            finish_reasons=reasons,
+            prompt_index=rows,
+            texts=texts,
+        )
+
+
+def _cut_after_stop(text: str, stop: list[str]) -> str:
+    """Cut ``text`` right after the earliest-ending occurrence of any stop string."""
+    ends = [text.find(s) + len(s) for s in stop if s in text]
+    return text[: min(ends)] if ends else text

@@ -1,0 +1,94 @@
+"""Stage types the pipeline can run, and the public one-call API behind each.
+
+Each ``run_*`` function is what ``tether <command> --config FILE`` calls and what a
+recipe stage of that type runs; each ``train_*`` / ``evaluate`` function is the same thing
+for a notebook: a config object (or dict), a model (path or loaded object), data (a file,
+a list of dicts or a ``datasets.Dataset``), and an output directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from tether.config import EvalConfig, ModelConfig, StageConfig
+from tether.models import load_model
+from tether.pipeline import register_stage
+from tether.trainers.checkpoint import mark_done
+from tether.trainers.sft import PretrainConfig, SFTConfig, SFTTrainer
+
+
+def load_stage_model(cfg: ModelConfig) -> tuple[torch.nn.Module, Any]:
+    return load_model(cfg.name_or_path, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed,
+                      lora=cfg.lora.model_dump() if cfg.lora else None,
+                      trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation)
+
+
+def _coerce(config: StageConfig | dict, cls: type[StageConfig]) -> StageConfig:
+    return config if isinstance(config, cls) else cls.model_validate(config)
+
+
+def _model_and_tokenizer(cfg: StageConfig, model: Any, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+    if model is None:
+        return load_stage_model(cfg.model)
+    if isinstance(model, str | Path):
+        return load_stage_model(cfg.model.model_copy(update={"name_or_path": str(model)}))
+    if tokenizer is None:
+        raise ValueError("pass the tokenizer together with a loaded model")
+    return model, tokenizer
+
+
+def train_sft(config: SFTConfig | dict, *, out: str | Path, model: Any = None, tokenizer: Any = None,
+              dataset: Any = None, resume: bool = False) -> dict[str, float]:
+    """Supervised fine-tuning (or pretraining, when ``config.type == "pretrain"``).
+
+    ``dataset`` (a file path, list of dicts or ``datasets.Dataset``) replaces ``config.data``.
+    Writes the final model to ``out/<stage>`` and returns the evaluation figures.
+    """
+    cfg = _coerce(config, PretrainConfig if isinstance(config, dict) and config.get("type") == "pretrain"
+                  else SFTConfig)
+    model, tokenizer = _model_and_tokenizer(cfg, model, tokenizer)
+    records = None
+    if dataset is not None:
+        from tether.data import load_records
+
+        records = load_records(dataset, cfg.data.format)
+    trainer = SFTTrainer(cfg, model, tokenizer, out, records=records, stage=cfg.name or cfg.type)
+    results = trainer.train(resume=resume)
+    trainer.finish()
+    return results
+
+
+@register_stage("pretrain", PretrainConfig, "next-token prediction on raw text")
+def run_pretrain(cfg: PretrainConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    return train_sft(cfg, out=run_dir, resume=resume)
+
+
+@register_stage("sft", SFTConfig, "supervised fine-tuning with prompt tokens masked")
+def run_sft(cfg: SFTConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    return train_sft(cfg, out=run_dir, resume=resume)
+
+
+class EvalStageConfig(StageConfig):
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+
+def evaluate(config: EvalStageConfig | dict, *, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
+    """Evaluate a model on a task's held-out split (greedy accuracy, pass@k)."""
+    from tether.evaluation import evaluate_task
+
+    cfg = _coerce(config, EvalStageConfig)
+    model, tokenizer = _model_and_tokenizer(cfg, model, tokenizer)
+    return evaluate_task(model, tokenizer, cfg.eval)
+
+
+@register_stage("eval", EvalStageConfig, "held-out task evaluation of a model")
+def run_eval(cfg: EvalStageConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    results = evaluate(cfg)
+    stage_dir = run_dir / (cfg.name or "eval")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    mark_done(stage_dir, {"stage": cfg.name, "type": "eval", "results": results})
+    return results

@@ -1,0 +1,28 @@
+"""Synthetic tasks with verifiers, used by the built-in recipes, tests and benchmarks."""
+
+from tether.tasks import arithmetic  # noqa: F401  (registers the task)
+from tether.tasks.base import (
+    TASKS,
+    Problem,
+    Task,
+    draw_problems,
+    eval_records,
+    extract_answer,
+    get_task,
+    pretrain_records,
+    rl_records,
+    sft_records,
+)
+
+__all__ = [
+    "TASKS",
+    "Problem",
+    "Task",
+    "draw_problems",
+    "eval_records",
+    "extract_answer",
+    "get_task",
+    "pretrain_records",
+    "rl_records",
+    "sft_records",
+]

@@ -1,0 +1,93 @@
+"""Integer arithmetic with digit-by-digit worked steps.
+
+The reasoning trace does the schoolbook algorithm one column at a time, least significant
+digit first, with the carry (or borrow) written out, e.g. for ``47+85=``::
+
+    <think>7+5=12 c1|4+8+1=13 c1|</think>132
+
+so a ~1M-parameter model only ever has to add two digits and a carry at each step.
+"""
+
+from __future__ import annotations
+
+import random
+
+from tether.tasks.base import TASKS, Problem, extract_answer
+
+OPERATORS = "+-*"
+
+
+def _digits(n: int) -> list[int]:
+    """Decimal digits of a non-negative int, least significant first."""
+    return [int(c) for c in reversed(str(n))]
+
+
+def addition_trace(a: int, b: int) -> str:
+    da, db = _digits(a), _digits(b)
+    carry, steps = 0, []
+    for i in range(max(len(da), len(db))):
+        x, y = (da[i] if i < len(da) else 0), (db[i] if i < len(db) else 0)
+        total = x + y + carry
+        steps.append(f"{x}+{y}{f'+{carry}' if carry else ''}={total} c{total // 10}|")
+        carry = total // 10
+    return "".join(steps)
+
+
+def subtraction_trace(a: int, b: int) -> str:
+    if a < b:
+        return f"{a}<{b} so -({b}-{a})|" + subtraction_trace(b, a)
+    da, db = _digits(a), _digits(b)
+    borrow, steps = 0, []
+    for i in range(len(da)):
+        x, y = da[i], (db[i] if i < len(db) else 0)
+        value = x - borrow - y
+        new_borrow = 1 if value < 0 else 0
+        steps.append(f"{x}-{y}{f'-{borrow}' if borrow else ''}={value + 10 * new_borrow} b{new_borrow}|")
+        borrow = new_borrow
+    return "".join(steps)
+
+
+def multiplication_trace(a: int, b: int) -> str:
+    partials = [f"{a}*{d}{'0' * i}={a * d * 10**i}" for i, d in enumerate(_digits(b))]
+    return "|".join(partials) + "|"
+
+
+TRACES = {"+": addition_trace, "-": subtraction_trace, "*": multiplication_trace}
+
+
+class Arithmetic:
+    """``a op b`` with operands of ``min_digits``..``digits`` digits; verifier: exact integer match."""
+
+    name = "arithmetic"
+
+    def __init__(self, digits: int = 2, min_digits: int = 1, operators: str = "+") -> None:
+        if not 1 <= min_digits <= digits <= 12:
+            raise ValueError(f"need 1 <= min_digits <= digits <= 12, got min_digits={min_digits}, digits={digits}")
+        if not operators or any(op not in OPERATORS for op in operators):
+            raise ValueError(f"operators must be a non-empty string of {OPERATORS!r}, got {operators!r}")
+        self.digits, self.min_digits, self.operators = digits, min_digits, operators
+
+    def _operand(self, rng: random.Random) -> int:
+        n_digits = rng.randint(self.min_digits, self.digits)
+        low = 0 if n_digits == 1 else 10 ** (n_digits - 1)
+        return rng.randint(low, 10**n_digits - 1)
+
+    def sample(self, rng: random.Random) -> Problem:
+        a, b, op = self._operand(rng), self._operand(rng), rng.choice(self.operators)
+        result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return Problem(prompt=f"{a}{op}{b}=", answer=str(result), reasoning=TRACES[op](a, b))
+
+    def verify(self, completion: str, answer: str) -> float:
+        """1.0 when the text after ``</think>`` is exactly the integer answer, else 0.0."""
+        given = extract_answer(completion).replace(",", "").replace(" ", "")
+        try:
+            return float(int(given) == int(answer))
+        except ValueError:
+            return 0.0
+
+    def pretrain_text(self, problem: Problem) -> str:
+        """Plain equations, no reasoning format: the base model learns numbers, not the ``<think>`` protocol."""
+        return f"{problem.prompt}{problem.answer}"
+
+
+TASKS.register("arithmetic")(Arithmetic)

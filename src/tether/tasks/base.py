@@ -1,0 +1,125 @@
+"""Synthetic tasks: problem generators with their verifiers.
+
+A task draws problems from a seeded RNG and checks completions. Held-out evaluation
+problems are chosen by a hash of the problem itself, so no training split of any seed
+can ever contain them. Every task yields the same four kinds of records:
+
+- ``pretrain_records``: raw text (``{"text": ...}``)
+- ``sft_records``: demonstrations, ``{"prompt", "completion"}`` or ``{"messages"}``, the
+  completion optionally carrying a ``<think>...</think>`` reasoning part before the answer
+- ``rl_records``: ``{"prompt", "answer"}`` for verifiable-reward RL
+- ``eval_records``: held-out ``{"prompt", "answer"}``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from tether.core.registry import Registry
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+    reasoning: str  # the worked steps that go inside <think>...</think>
+
+
+class Task(Protocol):
+    name: str
+
+    def sample(self, rng: random.Random) -> Problem: ...
+
+    def verify(self, completion: str, answer: str) -> float: ...
+
+    def pretrain_text(self, problem: Problem) -> str: ...
+
+
+TASKS: Registry = Registry("task")
+
+
+def get_task(name: str, **options) -> Task:
+    """Build a registered task by name, e.g. ``get_task("arithmetic", digits=2, operators="+")``."""
+    return TASKS.get(name)(**options)
+
+
+def is_held_out(problem: Problem, eval_fraction: float) -> bool:
+    """Deterministic split by problem content: the same problem is always on the same side."""
+    digest = hashlib.sha256(problem.prompt.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
+
+
+def extract_answer(completion: str) -> str:
+    """The text after the last ``</think>`` (the whole completion if there is none), stripped."""
+    if THINK_CLOSE in completion:
+        completion = completion.rsplit(THINK_CLOSE, 1)[1]
+    return completion.strip()
+
+
+def format_completion(problem: Problem, think: bool) -> str:
+    if think:
+        return f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
+    return problem.answer
+
+
+def draw_problems(
+    task: Task, n: int, *, seed: int, split: str, eval_fraction: float = 0.1, max_tries: int = 100
+) -> list[Problem]:
+    """Draw ``n`` distinct problems of one split ("train" or "eval").
+
+    Raises if the task's problem space cannot supply ``n`` distinct problems of that split.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    want_eval = split == "eval"
+    rng = random.Random(f"{task.name}:{split}:{seed}")
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    misses = 0
+    while len(problems) < n:
+        problem = task.sample(rng)
+        if problem.prompt in seen or is_held_out(problem, eval_fraction) != want_eval:
+            misses += 1
+            if misses > max_tries * max(n, 1):
+                raise ValueError(
+                    f"task {task.name!r} could only supply {len(problems)} distinct {split} problems, {n} asked"
+                )
+            continue
+        seen.add(problem.prompt)
+        problems.append(problem)
+    return problems
+
+
+def pretrain_records(task: Task, n: int, *, seed: int = 0, eval_fraction: float = 0.1) -> list[dict]:
+    return [{"text": task.pretrain_text(p)} for p in draw_problems(task, n, seed=seed, split="train",
+                                                                      eval_fraction=eval_fraction)]
+
+
+def sft_records(
+    task: Task, n: int, *, seed: int = 0, think: bool = True, chat: bool = False, eval_fraction: float = 0.1
+) -> list[dict]:
+    problems = draw_problems(task, n, seed=seed, split="train", eval_fraction=eval_fraction)
+    records = []
+    for p in problems:
+        completion = format_completion(p, think)
+        if chat:
+            records.append({"messages": [{"role": "user", "content": p.prompt},
+                                         {"role": "assistant", "content": completion}]})
+        else:
+            records.append({"prompt": p.prompt, "completion": completion})
+    return records
+
+
+def rl_records(task: Task, n: int, *, seed: int = 0, eval_fraction: float = 0.1) -> list[dict]:
+    problems = draw_problems(task, n, seed=seed, split="train", eval_fraction=eval_fraction)
+    return [{"prompt": p.prompt, "answer": p.answer} for p in problems]
+
+
+def eval_records(task: Task, n: int, *, seed: int = 0, eval_fraction: float = 0.1) -> list[dict]:
+    problems = draw_problems(task, n, seed=seed, split="eval", eval_fraction=eval_fraction)
+    return [{"prompt": p.prompt, "answer": p.answer} for p in problems]

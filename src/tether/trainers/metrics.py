@@ -1,0 +1,90 @@
+"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard, Weights & Biases (when installed and asked).
+
+Only rank 0 writes. Each record carries ``stage`` and ``step``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def to_float(value: Any) -> float:
+    if hasattr(value, "item"):
+        value = value.detach().float().item() if hasattr(value, "detach") else value.item()
+    return float(value)
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, stage: str, *, report_to: list[str] = (), enabled: bool = True,
+                 config: dict | None = None) -> None:
+        self.run_dir, self.stage, self.enabled = Path(run_dir), stage, enabled
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed in close()
+        if "tensorboard" in report_to:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard" / stage))
+            except ImportError:
+                log.warning("tensorboard is not installed; skipping TensorBoard logging")
+        if "wandb" in report_to:
+            try:
+                import wandb
+
+                self._wandb = wandb.init(project="tether", name=f"{self.run_dir.name}/{stage}", config=config,
+                                         reinit=True)
+            except ImportError:
+                log.warning("wandb is not installed; skipping Weights & Biases logging")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+        values = {k: to_float(v) for k, v in metrics.items()}
+        if not self.enabled:
+            return values
+        record = {"stage": self.stage, "step": step, "time": round(time.time(), 3)}
+        record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in values.items():
+                if math.isfinite(value):
+                    self._tb.add_scalar(f"{self.stage}/{key}", value, step)
+        if self._wandb is not None:
+            self._wandb.log({f"{self.stage}/{k}": v for k, v in values.items()}, step=step)
+        return values
+
+    def write_samples(self, step: int, samples: list[dict]) -> None:
+        """Sample generations (with their rewards) for inspection: ``<stage>/samples.jsonl``."""
+        if not self.enabled:
+            return
+        path = self.run_dir / self.stage / "samples.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            for sample in samples:
+                f.write(json.dumps({"step": step, **sample}) + "\n")
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path, stage: str | None = None) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if stage is None or r.get("stage") == stage]

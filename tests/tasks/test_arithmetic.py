@@ -1,0 +1,84 @@
+import random
+
+import pytest
+
+from tether.tasks import draw_problems, eval_records, get_task, pretrain_records, rl_records, sft_records
+from tether.tasks.arithmetic import addition_trace, subtraction_trace
+
+
+def test_addition_trace_by_hand():
+    # 47+85: 7+5=12 carry 1; 4+8+1=13 carry 1 -> 132
+    assert addition_trace(47, 85) == "7+5=12 c1|4+8+1=13 c1|"
+    assert addition_trace(5, 3) == "5+3=8 c0|"
+
+
+def test_subtraction_trace_by_hand():
+    # 52-17: 2-7 borrows -> 15-7=8 (written as 2-7=5 with borrow); 5-1-1=3 -> 35
+    assert subtraction_trace(52, 17) == "2-7=5 b1|5-1-1=3 b0|"
+    assert subtraction_trace(3, 9).startswith("3<9 so -(9-3)|")
+
+
+@pytest.mark.parametrize("ops", ["+", "-", "*", "+-*"])
+def test_problems_have_correct_answers(ops):
+    task = get_task("arithmetic", digits=3, operators=ops)
+    rng = random.Random(0)
+    for _ in range(200):
+        p = task.sample(rng)
+        a, op, b = None, None, None
+        for o in "+-*":
+            left, sep, right = p.prompt[:-1].partition(o)
+            if sep and left:
+                a, op, b = int(left), o, int(right)
+                break
+        assert str(eval(f"{a}{op}{b}")) == p.answer
+
+
+def test_verify():
+    task = get_task("arithmetic")
+    assert task.verify("<think>7+5=12 c1|4+8+1=13 c1|</think>132", "132") == 1.0
+    assert task.verify("132", "132") == 1.0
+    assert task.verify("<think>...</think> 1,32 ", "132") == 1.0
+    assert task.verify("<think>132</think>131", "132") == 0.0
+    assert task.verify("<think>unfinished", "132") == 0.0
+    assert task.verify("", "132") == 0.0
+
+
+def test_eval_split_is_disjoint_from_every_training_split():
+    task = get_task("arithmetic", digits=2)
+    held_out = {r["prompt"] for r in eval_records(task, 500)}
+    for seed in range(3):
+        train = {r["prompt"] for r in sft_records(task, 2000, seed=seed)}
+        train |= {r["prompt"] for r in rl_records(task, 2000, seed=seed)}
+        train |= {r["text"].split("=")[0] + "=" for r in pretrain_records(task, 2000, seed=seed)}
+        assert not held_out & train
+
+
+def test_records_are_seeded_and_distinct():
+    task = get_task("arithmetic", digits=2)
+    assert sft_records(task, 50, seed=1) == sft_records(task, 50, seed=1)
+    assert sft_records(task, 50, seed=1) != sft_records(task, 50, seed=2)
+    prompts = [r["prompt"] for r in rl_records(task, 1000)]
+    assert len(set(prompts)) == len(prompts)
+
+
+def test_record_shapes():
+    task = get_task("arithmetic", digits=2)
+    chat = sft_records(task, 2, chat=True)[0]["messages"]
+    assert [m["role"] for m in chat] == ["user", "assistant"]
+    assert chat[1]["content"].startswith("<think>") and "</think>" in chat[1]["content"]
+    plain = sft_records(task, 2, think=False)[0]
+    assert "<think>" not in plain["completion"]
+    assert "<think>" not in pretrain_records(task, 5)[0]["text"]
+
+
+def test_too_many_problems_is_a_clear_error():
+    task = get_task("arithmetic", digits=1, min_digits=1)
+    with pytest.raises(ValueError, match="could only supply"):
+        draw_problems(task, 500, seed=0, split="train")
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="operators"):
+        get_task("arithmetic", operators="/")
+    with pytest.raises(KeyError, match="valid names: arithmetic"):
+        get_task("no-such-task")

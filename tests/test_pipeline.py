@@ -1,0 +1,56 @@
+from pathlib import Path
+
+import pytest
+
+from tether import stages  # noqa: F401
+from tether.config import ConfigError
+from tether.pipeline import (
+    apply_recipe_overrides,
+    builtin_recipes,
+    load_recipe,
+    resolve_references,
+    validate_recipe,
+)
+
+
+def test_every_builtin_recipe_loads_and_validates():
+    names = builtin_recipes()
+    assert "sft-arithmetic" in names
+    for name in names:
+        recipe = load_recipe(name)
+        assert recipe.get("description"), f"{name} has no description"
+        configs = validate_recipe(recipe)
+        assert configs, name
+
+
+def test_overrides_target_stages():
+    recipe = load_recipe("sft-arithmetic")
+    out = apply_recipe_overrides(recipe, ["sft.train.max_steps=7", "*.optim.lr=0.5", "defaults.train.threads=1"])
+    sft = next(s for s in out["stages"] if s["name"] == "sft")
+    assert sft["train"]["max_steps"] == 7
+    assert all(s["optim"]["lr"] == 0.5 for s in out["stages"])
+    assert out["defaults"]["train"]["threads"] == 1
+    assert recipe != out  # the loaded recipe is not mutated
+    with pytest.raises(ConfigError, match="neither a stage"):
+        apply_recipe_overrides(recipe, ["nosuchstage.train.max_steps=1"])
+
+
+def test_references_resolve_to_earlier_stages():
+    run = Path("/tmp/run")
+    data = {"model": {"name_or_path": "@pretrain"}, "data": {"path": "@gen/samples.jsonl"}}
+    resolved = resolve_references(data, run, {"pretrain", "gen"})
+    assert resolved == {"model": {"name_or_path": "/tmp/run/pretrain"},
+                        "data": {"path": "/tmp/run/gen/samples.jsonl"}}
+    with pytest.raises(ConfigError, match="does not come earlier"):
+        resolve_references(data, run, {"pretrain"})
+
+
+def test_bad_stage_is_caught_before_running():
+    recipe = {"stages": [{"name": "a", "type": "sft", "data": {"task": {"name": "arithmetic"}}},
+                         {"name": "b", "type": "sft", "train": {"max_stepz": 1}}]}
+    with pytest.raises(ConfigError, match="max_stepz"):
+        validate_recipe(recipe)
+    with pytest.raises(ConfigError, match="valid names"):
+        validate_recipe({"stages": [{"name": "a", "type": "nope"}]})
+    with pytest.raises(ConfigError, match="not a file"):
+        load_recipe("no-such-recipe")

@@ -1,0 +1,111 @@
+"""The shared loop through the SFT trainer: loss falls, accumulation and resume are exact."""
+
+import json
+
+import pytest
+import torch
+
+from tether.data import DataError
+from tether.models import build_tiny
+from tether.tasks import get_task, sft_records
+from tether.trainers.checkpoint import list_checkpoints
+from tether.trainers.sft import SFTConfig, SFTTrainer
+
+
+def make_config(**train):
+    base = {"max_steps": 6, "batch_size": 8, "grad_accum": 1, "log_every": 1, "progress": False, "seed": 0}
+    base.update(train)
+    return SFTConfig(name="sft", data={"task": {"name": "arithmetic", "n": 64}, "pack_length": 128},
+                     train=base, optim={"lr": 3e-3, "schedule": "constant"}, report_to=[])
+
+
+RECORDS = sft_records(get_task("arithmetic", digits=2), 64, seed=0)
+
+
+def run(tmp_path, name, *, records=RECORDS, resume=False, model=None, **train):
+    if model is None:
+        model, _ = build_tiny("tiny", seed=0)
+    _, tokenizer = build_tiny("tiny", seed=0)
+    trainer = SFTTrainer(make_config(**train), model, tokenizer, tmp_path / name, records=records)
+    trainer.train(resume=resume)
+    return trainer
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_sft_loss_falls(tmp_path):
+    trainer = run(tmp_path, "a", max_steps=30)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert rows[0]["stage"] == "sft" and rows[0]["step"] == 1
+    assert {"lr", "grad_norm", "tokens_per_s"} <= set(rows[0])
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert trainer.step == 30
+
+
+def accumulated_gradient(trainer):
+    batches = trainer.micro_batches_for_step(0)
+    denominator = trainer.global_count(sum(b["num_loss_tokens"] for b in batches))
+    trainer.model.zero_grad()
+    for batch in batches:
+        trainer.loss_fn(batch, denominator)[0].backward()
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_accumulation_equals_large_batch(tmp_path, packing):
+    """batch 8 x accumulation 1 == batch 2 x accumulation 4: the loss is normalised by the loss
+    tokens of the whole accumulated batch, so the summed gradient is the same."""
+    model, tokenizer = build_tiny()
+    grads = []
+    for batch_size, accum in [(8, 1), (2, 4)]:
+        cfg = make_config(batch_size=batch_size, grad_accum=accum)
+        cfg.data.packing = packing
+        trainer = SFTTrainer(cfg, model, tokenizer, tmp_path / f"{batch_size}", records=RECORDS)
+        grads.append(accumulated_gradient(trainer))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    # and through the optimiser: after 3 steps the weights agree to float32 noise
+    a = run(tmp_path, "big", batch_size=8, grad_accum=1, max_steps=3)
+    b = run(tmp_path, "small", batch_size=2, grad_accum=4, max_steps=3)
+    assert torch.allclose(flat(a.model), flat(b.model), atol=5e-5)
+
+
+def test_resume_reproduces_uninterrupted_run(tmp_path):
+    full = run(tmp_path, "full", max_steps=8, save_every=100)
+    first = run(tmp_path, "split", max_steps=4, save_every=4)
+    assert [p.name for p in list_checkpoints(first.stage_dir)] == ["step-000004"]
+    # a fresh process: new model object with different weights, then resume to step 8
+    resumed = run(tmp_path, "split", max_steps=8, save_every=4, resume=True, model=build_tiny("tiny", seed=1)[0])
+    assert resumed.step == 8
+    assert torch.equal(flat(full.model), flat(resumed.model))
+
+
+def test_interrupted_checkpoint_write_is_ignored(tmp_path):
+    trainer = run(tmp_path, "c", max_steps=2, save_every=2)
+    root = trainer.stage_dir / "checkpoints"
+    (root / "step-000004.tmp").mkdir()  # a write killed before its rename
+    assert [p.name for p in list_checkpoints(trainer.stage_dir)] == ["step-000002"]
+
+
+def test_final_export_reloads(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer = run(tmp_path, "e", max_steps=2)
+    trainer.finish()
+    reloaded = AutoModelForCausalLM.from_pretrained(trainer.stage_dir)
+    AutoTokenizer.from_pretrained(trainer.stage_dir)
+    assert torch.equal(flat(reloaded), flat(trainer.model))
+    assert json.loads((trainer.stage_dir / "stage.json").read_text())["step"] == 2
+
+
+def test_bad_row_fails_before_training(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "completion": "2"}\n{"prompt": "2+2="}\n')
+    model, tokenizer = build_tiny()
+    cfg = SFTConfig(name="sft", data={"path": str(bad)}, train={"max_steps": 1, "progress": False},
+                    report_to=[])
+    with pytest.raises(DataError, match=r"bad\.jsonl.*line 2.*completion"):
+        SFTTrainer(cfg, model, tokenizer, tmp_path / "run")
+    assert not (tmp_path / "run" / "sft").exists()
