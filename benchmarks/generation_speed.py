@@ -119,13 +119,17 @@ def run(scenario: str, args) -> None:
     rate = {}
     for name, (best, median, tokens) in results.items():
         rate[name] = tokens / best
-        print(f"  {name:15s}: {tokens:5d} tokens, best {best * 1e3:7.1f} ms, median {median * 1e3:7.1f} ms"
-              f" = {rate[name]:8.0f} tok/s (best)")
+        print(
+            f"  {name:15s}: {tokens:5d} tokens, best {best * 1e3:7.1f} ms, median {median * 1e3:7.1f} ms"
+            f" = {rate[name]:8.0f} tok/s (best)"
+        )
     median_ratio = (results["HFEngine"][2] / results["HFEngine"][1]) / (
         results["model.generate"][2] / results["model.generate"][1]
     )
-    print(f"  ratio HFEngine / model.generate tok/s: {rate['HFEngine'] / rate['model.generate']:.2f}x best,"
-          f" {median_ratio:.2f}x median")
+    print(
+        f"  ratio HFEngine / model.generate tok/s: {rate['HFEngine'] / rate['model.generate']:.2f}x best,"
+        f" {median_ratio:.2f}x median"
+    )
 
 
 def main() -> None:

@@ -177,7 +177,9 @@ def test_gae_hand_values():
 def test_group_estimators_match_loop(name, group_size):
     inputs = _random_batch(seed=group_size, group_size=group_size, num_prompts=12 // group_size)
     out = compute_advantages(name, inputs)
-    per_seq = torch.tensor(_loop_group_baseline(inputs.rewards.tolist(), group_size, name))
+    # sequence-level estimators see the outcome plus the row's summed token rewards
+    returns = inputs.rewards + (inputs.token_rewards * inputs.mask).sum(1)
+    per_seq = torch.tensor(_loop_group_baseline(returns.tolist(), group_size, name))
     expected = torch.where(inputs.mask != 0, per_seq[:, None], 0.0)
     torch.testing.assert_close(out.advantages, expected, atol=1e-5, rtol=1e-5)
 
@@ -301,3 +303,16 @@ def test_gae_needs_values():
 def test_inputs_are_validated(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AdvantageInputs(**kwargs)
+
+
+def test_sequence_estimators_fold_token_rewards_into_the_return():
+    """KL in the reward for sequence-level estimators: r_i + sum_t token_rewards_it.
+
+    rewards [1, 0], token rewards row0 [-0.1, -0.2] (sum -0.3), row1 [-0.5, 0] (sum -0.5):
+    returns [0.7, -0.5]; RLOO with G=2: A0 = 0.7 - (-0.5) = 1.2, A1 = -1.2.
+    """
+    mask = torch.ones(2, 2)
+    inputs = AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), mask=mask, group_size=2,
+                             token_rewards=torch.tensor([[-0.1, -0.2], [-0.5, 0.0]]))
+    out = compute_advantages("rloo", inputs)
+    assert torch.allclose(out.advantages, torch.tensor([[1.2, 1.2], [-1.2, -1.2]]))

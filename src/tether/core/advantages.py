@@ -93,6 +93,19 @@ def _rewards(inputs: AdvantageInputs) -> Tensor:
     return inputs.rewards.detach().to(torch.float32)
 
 
+def _sequence_rewards(inputs: AdvantageInputs) -> Tensor:
+    """Outcome reward plus the row's summed ``token_rewards`` (e.g. -beta * KL in the reward).
+
+    Sequence-level estimators (GRPO, RLOO, REINFORCE, ReMax) see the whole trajectory's return
+    as one number, as in Ahmadian et al. 2024 (RLOO) where r(x, y) - beta * KL(y) is the reward.
+    """
+    rewards = _rewards(inputs)
+    if inputs.token_rewards is not None:
+        mask = _mask(inputs)
+        rewards = rewards + torch.where(mask != 0, inputs.token_rewards.detach().to(torch.float32), 0.0).sum(1)
+    return rewards
+
+
 def _mask(inputs: AdvantageInputs) -> Tensor:
     return (inputs.mask != 0).to(torch.float32)
 
@@ -161,7 +174,7 @@ def grpo(inputs: AdvantageInputs, *, eps: float = 1e-6) -> AdvantageOutputs:
     Differs from the paper: the +eps (1e-6, verl's) guards the division; groups of one or with
     all-equal rewards get exactly 0 instead of 0/0.
     """
-    rewards, mask, size = _rewards(inputs), _mask(inputs), inputs.group_size
+    rewards, mask, size = _sequence_rewards(inputs), _mask(inputs), inputs.group_size
     centred, flat = _centred_groups(rewards, size)
     if size > 1:
         centred = centred / (rewards.view(-1, size).std(dim=1, keepdim=True) + eps)
@@ -176,7 +189,7 @@ def dr_grpo(inputs: AdvantageInputs) -> AdvantageOutputs:
     Liu et al. 2025, "Understanding R1-Zero-Like Training", the Dr. GRPO objective. Its other half,
     dropping 1/|o_i|, is a loss aggregation: pair this with ``seq-mean-token-sum-norm``.
     """
-    rewards, mask = _rewards(inputs), _mask(inputs)
+    rewards, mask = _sequence_rewards(inputs), _mask(inputs)
     centred, flat = _centred_groups(rewards, inputs.group_size)
     return _group_outputs(centred.reshape(-1), flat, mask, rewards)
 
@@ -190,7 +203,7 @@ def rloo(inputs: AdvantageInputs) -> AdvantageOutputs:
     G / (G - 1) * (r_i - mean_group(r)), which is algebraically the same. A group of one has no
     other sample to form a baseline: its advantage is 0.
     """
-    rewards, mask, size = _rewards(inputs), _mask(inputs), inputs.group_size
+    rewards, mask, size = _sequence_rewards(inputs), _mask(inputs), inputs.group_size
     centred, flat = _centred_groups(rewards, size)
     per_seq = centred * (size / (size - 1)) if size > 1 else torch.zeros_like(centred)
     return _group_outputs(per_seq.reshape(-1), flat, mask, rewards)
@@ -209,7 +222,7 @@ def reinforce(inputs: AdvantageInputs, *, baseline_momentum: float = 0.9) -> Adv
     """
     if not 0.0 <= baseline_momentum <= 1.0:
         raise ValueError(f"baseline_momentum must be in [0, 1], got {baseline_momentum}")
-    rewards, mask = _rewards(inputs), _mask(inputs)
+    rewards, mask = _sequence_rewards(inputs), _mask(inputs)
     batch_mean = rewards.mean()
     if inputs.running_baseline is None:
         baseline = batch_mean
@@ -272,7 +285,7 @@ def remax(inputs: AdvantageInputs) -> AdvantageOutputs:
     """
     if inputs.baseline_rewards is None:
         raise ValueError("remax needs inputs.baseline_rewards: the reward of a greedy rollout per sample")
-    rewards, mask = _rewards(inputs), _mask(inputs)
+    rewards, mask = _sequence_rewards(inputs), _mask(inputs)
     baseline = inputs.baseline_rewards.detach().to(torch.float32)
     advantages = _broadcast(rewards - baseline, mask)
     metrics = _metrics(advantages, mask, rewards, baseline_reward_mean=baseline.mean())

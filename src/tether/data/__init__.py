@@ -1,7 +1,15 @@
 """Records, loading, validation, tokenisation with loss masks, packing and collation."""
 
 from tether.data.loading import load_records
-from tether.data.packing import make_batches, model_inputs, pack_bins, pack_examples, pad_examples
+from tether.data.packing import (
+    PackedSequences,
+    make_batches,
+    model_inputs,
+    pack_bins,
+    pack_examples,
+    pack_sequences,
+    pad_examples,
+)
 from tether.data.schemas import (
     FORMATS,
     ROLES,
@@ -25,6 +33,7 @@ __all__ = [
     "IGNORE_INDEX",
     "ROLES",
     "DataError",
+    "PackedSequences",
     "TokenizedExample",
     "detect_format",
     "format_names",
@@ -33,6 +42,7 @@ __all__ = [
     "model_inputs",
     "pack_bins",
     "pack_examples",
+    "pack_sequences",
     "pad_examples",
     "split_implicit_prompt",
     "tokenize_dataset",

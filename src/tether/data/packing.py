@@ -26,6 +26,7 @@ import bisect
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -242,3 +243,45 @@ def make_batches(examples: Sequence[TokenizedExample], *, batch_tokens: int | No
             batches.append(pad_examples(chosen, pad_token_id=pad_token_id, pad_to_multiple_of=pad_to_multiple_of))
     batches.extend(_empty_batch(packing, pad_token_id) for _ in range(per_rank - len(mine)))
     return batches
+
+
+# ---------------------------------------------------------------- token sequences (RL)
+
+
+@dataclass
+class PackedSequences:
+    """Whole token sequences packed padding-free into rows, with where each one landed.
+
+    ``input_ids`` / ``position_ids``: shape (R, L); ``rows`` / ``starts``: shape (N,), the row
+    and offset of sequence i. Call the model with ``use_cache=False`` (see the module docstring).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    rows: torch.Tensor
+    starts: torch.Tensor
+
+    def model_inputs(self) -> dict[str, Any]:
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
+
+
+def pack_sequences(sequences: Sequence[Sequence[int]], *, row_tokens: int, pad_token_id: int) -> PackedSequences:
+    """Pack token sequences into rows of <= ``row_tokens`` (or the longest sequence, if longer)."""
+    lengths = [len(s) for s in sequences]
+    capacity = max(row_tokens, max(lengths))
+    bins = pack_bins(lengths, capacity)
+    width = max(sum(lengths[i] for i in b) for b in bins)
+    input_ids = torch.full((len(bins), width), pad_token_id, dtype=torch.long)
+    positions = torch.zeros((len(bins), width), dtype=torch.long)
+    rows = torch.zeros(len(sequences), dtype=torch.long)
+    starts = torch.zeros(len(sequences), dtype=torch.long)
+    for r, members in enumerate(bins):
+        offset = 0
+        for i in sorted(members):
+            n = lengths[i]
+            input_ids[r, offset:offset + n] = torch.as_tensor(sequences[i], dtype=torch.long)
+            positions[r, offset:offset + n] = torch.arange(n)
+            rows[i], starts[i] = r, offset
+            offset += n
+        positions[r, offset:] = torch.arange(width - offset)
+    return PackedSequences(input_ids, positions, rows, starts)

@@ -17,6 +17,7 @@ What ``completion_logprobs`` means (the one definition every engine follows):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -49,7 +50,9 @@ class SamplingParams:
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 means greedy), got {self.temperature}")
+            raise ValueError(
+                f"SamplingParams.temperature must be >= 0 (0 means greedy), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -97,6 +100,45 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.completion_ids)
+
+    def select(self, indices: Iterable[int]) -> Rollout:
+        """The samples at ``indices``; prompt indices renumbered from 0 in order of appearance."""
+        indices = list(indices)
+        renumber: dict[int, int] = {}
+        for i in indices:
+            renumber.setdefault(self.prompt_index[i], len(renumber))
+        return Rollout(
+            prompt_ids=[self.prompt_ids[i] for i in indices],
+            completion_ids=[self.completion_ids[i] for i in indices],
+            completion_logprobs=[self.completion_logprobs[i] for i in indices],
+            finish_reasons=[self.finish_reasons[i] for i in indices],
+            prompt_index=[renumber[self.prompt_index[i]] for i in indices],
+            texts=[self.texts[i] for i in indices],
+        )
+
+    @staticmethod
+    def concat(rollouts: Sequence[Rollout]) -> Rollout:
+        """One rollout of all samples in order; prompt indices offset so they stay distinct."""
+        fields: dict[str, list] = {
+            name: []
+            for name in (
+                "prompt_ids",
+                "completion_ids",
+                "completion_logprobs",
+                "finish_reasons",
+                "prompt_index",
+                "texts",
+            )
+        }
+        offset = 0
+        for rollout in rollouts:
+            for name in fields:
+                if name == "prompt_index":
+                    fields[name].extend(offset + i for i in rollout.prompt_index)
+                else:
+                    fields[name].extend(getattr(rollout, name))
+            offset += max(rollout.prompt_index, default=-1) + 1
+        return Rollout(**fields)
 
     def to_padded(self, pad_id: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
         """Stack the samples into padded tensors.

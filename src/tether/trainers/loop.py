@@ -81,12 +81,16 @@ class Trainer:
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
         self.optimizer = build_optimizer(model, config.optim)
-        self.scheduler = build_scheduler(self.optimizer, config.optim, config.train.max_steps)
+        self.scheduler = build_scheduler(self.optimizer, config.optim, self.total_updates())
         self.logger = MetricsLogger(self.run_dir, self.stage, report_to=config.report_to,
                                     enabled=self.dist.is_main, config=config.model_dump(mode="json"))
         self.results: dict[str, float] = {}
 
     # ---- what subclasses implement ------------------------------------------------------------
+    def total_updates(self) -> int:
+        """Optimiser updates in the whole run (the schedule's length); one per step by default."""
+        return self.config.train.max_steps
+
     def training_step(self) -> dict[str, Any]:
         raise NotImplementedError
 
