@@ -30,6 +30,9 @@ def _setup_logging(verbose: bool) -> None:
                         handlers=[RichHandler(console=console, show_path=False)], force=True)
     for noisy in ("httpx", "transformers", "datasets"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _fail(message: str) -> None:
@@ -142,6 +145,8 @@ def _stage_command(stage_type: str, help_text: str) -> None:
 
 _stage_command("pretrain", "Pretrain (next-token on raw text) from a config file.")
 _stage_command("sft", "Supervised fine-tuning (prompt masked) from a config file.")
+_stage_command("grpo", "Critic-free RL (GRPO, Dr. GRPO, RLOO, REINFORCE, REINFORCE++, ReMax, DAPO); "
+               "pick a preset with algorithm=NAME.")
 
 
 @app.command("eval")

@@ -92,3 +92,38 @@ def run_eval(cfg: EvalStageConfig, run_dir: Path, resume: bool) -> dict[str, flo
     stage_dir.mkdir(parents=True, exist_ok=True)
     mark_done(stage_dir, {"stage": cfg.name, "type": "eval", "results": results})
     return results
+
+
+def train_grpo(config: Any, *, out: str | Path, model: Any = None, tokenizer: Any = None, dataset: Any = None,
+               reward_functions: list | None = None, resume: bool = False) -> dict[str, float]:
+    """Critic-free RL (GRPO and relatives, chosen by ``config.algorithm`` / ``advantage``).
+
+    ``dataset``: prompt/answer records (file, list of dicts or ``datasets.Dataset``);
+    ``reward_functions``: plain callables ``fn(prompts, completions, **columns) -> list[float | None]``
+    (or ``RewardSpec``s), replacing ``config.rewards``.
+    """
+    from tether.trainers.rl import GRPOConfig, RLTrainer
+
+    cfg = _coerce(config, GRPOConfig)
+    model, tokenizer = _model_and_tokenizer(cfg, model, tokenizer)
+    records = None
+    if dataset is not None:
+        from tether.data import load_records
+
+        records = load_records(dataset, "prompt_answer")
+    trainer = RLTrainer(cfg, model, tokenizer, out, records=records, reward_functions=reward_functions,
+                        stage=cfg.name or cfg.type)
+    results = trainer.train(resume=resume)
+    trainer.finish()
+    return results
+
+
+def _register_rl() -> None:
+    from tether.trainers.rl import GRPOConfig
+
+    @register_stage("grpo", GRPOConfig, "critic-free RL: GRPO, Dr. GRPO, RLOO, REINFORCE(++), ReMax, DAPO")
+    def run_grpo(cfg: GRPOConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+        return train_grpo(cfg, out=run_dir, resume=resume)
+
+
+_register_rl()

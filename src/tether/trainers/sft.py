@@ -57,6 +57,7 @@ class SFTTrainer(Trainer):
             raise ValueError(f"stage {self.stage!r}: no training examples left after tokenisation ({stats})")
         self.data_stats = stats
         self._epoch_cache: tuple[int, list[dict]] | None = None
+        self._steps_per_epoch: int | None = None
 
     def _epoch_batches(self, epoch: int) -> list[dict]:
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
@@ -77,7 +78,9 @@ class SFTTrainer(Trainer):
     def micro_batches_for_step(self, step: int) -> list[dict]:
         """The micro-batches of optimiser step ``step``: a pure function of the step, for exact resume."""
         accum = self.config.train.grad_accum
-        per_epoch = len(self._epoch_batches(0)) // accum
+        if self._steps_per_epoch is None:
+            self._steps_per_epoch = len(self._epoch_batches(0)) // accum
+        per_epoch = self._steps_per_epoch
         epoch, offset = divmod(step, per_epoch)
         batches = self._epoch_batches(epoch)
         return batches[offset * accum:(offset + 1) * accum]
