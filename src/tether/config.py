@@ -17,6 +17,13 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message says which key and why."""
 
 
+def known_name(registry: Any, name: str) -> str:
+    """Validate a registry name inside a pydantic validator (ValueError lists the valid names)."""
+    if name not in registry:
+        raise ValueError(f"unknown {registry.kind} {name!r}; valid names: {', '.join(registry.names())}")
+    return name
+
+
 class StrictModel(BaseModel):
     """Base for every config: unknown keys fail with the valid names listed."""
 

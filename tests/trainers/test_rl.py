@@ -90,15 +90,22 @@ def test_micro_batches_give_the_same_gradient(tmp_path):
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
-def test_resume_reproduces_uninterrupted_run(tmp_path):
-    full = trainer(tmp_path / "full", config("grpo", train={"max_steps": 4, "batch_size": 4, "progress": False}))
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
+def test_resume_reproduces_uninterrupted_run(tmp_path, algorithm):
+    """Stop at step 2, resume in a fresh trainer, and land on the uninterrupted run's weights.
+
+    A fresh process loads the stage's initial model again (the KL reference is a copy of it);
+    without a reference (dr_grpo) even unrelated starting weights are replaced by the checkpoint.
+    """
+    def cfg(steps, save_every=None):
+        return config(algorithm, train={"max_steps": steps, "batch_size": 4, "save_every": save_every,
+                                        "progress": False})
+
+    full = trainer(tmp_path / "full", cfg(4))
     full.train()
-    cut = trainer(tmp_path / "cut", config("grpo", train={"max_steps": 2, "batch_size": 4, "save_every": 2,
-                                                          "progress": False}))
-    cut.train()
-    resumed = trainer(tmp_path / "cut", config("grpo", train={"max_steps": 4, "batch_size": 4, "save_every": 2,
-                                                              "progress": False}),
-                      model=build_tiny("tiny", seed=5)[0])
+    trainer(tmp_path / "cut", cfg(2, save_every=2)).train()
+    start = build_tiny("tiny", seed=0 if algorithm == "grpo" else 5)[0]
+    resumed = trainer(tmp_path / "cut", cfg(4, save_every=2), model=start)
     resumed.train(resume=True)
     flat = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (full.model, resumed.model)]
     assert torch.equal(flat[0], flat[1])

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from tether.config import StageConfig, StrictModel, TaskSource
+from tether.config import StageConfig, StrictModel, TaskSource, known_name
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages
 from tether.core.aggregation import LOSS_AGGREGATIONS, agg_loss, num_seqs, num_tokens
 from tether.core.kl import KL_ESTIMATORS, kl_penalty
@@ -83,8 +83,7 @@ class KLConfig(StrictModel):
     @field_validator("estimator")
     @classmethod
     def _known(cls, value: str) -> str:
-        KL_ESTIMATORS.get(value)
-        return value
+        return known_name(KL_ESTIMATORS, value)
 
 
 class ClipConfig(StrictModel):
@@ -160,9 +159,9 @@ class GRPOConfig(StageConfig):
 
     @model_validator(mode="after")
     def _known_names(self) -> GRPOConfig:
-        ADVANTAGE_ESTIMATORS.get(self.advantage)
-        POLICY_LOSSES.get(self.policy_loss)
-        LOSS_AGGREGATIONS.get(self.loss_agg)
+        known_name(ADVANTAGE_ESTIMATORS, self.advantage)
+        known_name(POLICY_LOSSES, self.policy_loss)
+        known_name(LOSS_AGGREGATIONS, self.loss_agg)
         if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
                              f"({self.rollout.max_new_tokens})")
@@ -395,8 +394,9 @@ class RLTrainer(Trainer):
             self.running_baseline = adv.state["running_baseline"]
 
         update_metrics: dict[str, float] = {}
+        shuffle = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)  # a pure function of the step
         for _ in range(cfg.num_iterations):
-            for minibatch in torch.randperm(len(rollout)).chunk(cfg.mini_batches):
+            for minibatch in torch.randperm(len(rollout), generator=shuffle).chunk(cfg.mini_batches):
                 denominators = {"global_tokens": self.global_count(num_tokens(mask[minibatch])),
                                 "global_seqs": self.global_count(num_seqs(mask[minibatch]))}
                 update_metrics = self.optimizer_step(

@@ -1,0 +1,193 @@
+"""Synthetic preference and process-supervision data whose labels are known exactly.
+
+Built from a task's problems (``draw_problems``), so the train and held-out splits never share a
+problem: pass ``split="eval"`` for evaluation records.
+
+- ``preference_records``: ``{prompt, chosen, rejected}`` pairs of one of three kinds:
+
+  * ``correctness``: chosen is the correct completion with its ``<think>`` trace; rejected is a
+    plausible wrong one. For addition the error is made inside the trace and carried through
+    consistently (a column sum off by one, or a dropped carry), or the trace is right and the
+    answer is miscopied; for other operators and tasks a number in one step and the answer are
+    nudged by one (the later steps are left as they were).
+  * ``style``: both completions are correct; rejected pads the answer with filler words. The
+    preference (concise over padded) is known exactly.
+  * ``mixed``: alternately one of each.
+
+- ``unpaired_records``: the same pairs split into ``{prompt, completion, label}`` (KTO).
+- ``stepwise_records``: ``{prompt, steps, labels}`` for a process reward model. The steps are the
+  completion cut at ``|``, the separator the arithmetic traces already use, so a generated
+  completion split the same way is scored exactly as the model was trained:
+  ``<think>7+5=12 c1|4+8+1=13 c1|</think>132`` -> ``["<think>7+5=12 c1", "4+8+1=13 c1",
+  "</think>132"]``. A share ``wrong_fraction`` of traces has one wrong step injected (as in
+  ``correctness``); its label and every later one are 0, the ones before it 1 (the labelling of
+  Math-Shepherd, Wang et al. 2024: a step is good if the solution can still be completed from it).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Literal
+
+from tether.tasks.base import THINK_CLOSE, THINK_OPEN, Problem, Task, draw_problems, format_completion
+
+STEP_SEPARATOR = "|"
+FILLERS = (
+    "Well, let me see. The answer is ",
+    "After careful thought, I believe the answer is ",
+    "OK so, um, basically it is ",
+    "Hmm, the final result would be ",
+)
+Kind = Literal["correctness", "style", "mixed"]
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _addition_operands(problem: Problem) -> tuple[int, int] | None:
+    match = re.fullmatch(r"(\d+)\+(\d+)=", problem.prompt)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _nudge(value: int, rng: random.Random) -> int:
+    """``value`` +- 1, never negative and never ``value`` itself."""
+    return value + 1 if value == 0 or rng.random() < 0.5 else value - 1
+
+
+def wrong_addition(a: int, b: int, rng: random.Random) -> tuple[list[str], int]:
+    """The steps of ``a+b`` (one per column, then the answer) with one error carried through.
+
+    Returns ``(steps, index of the first wrong step)``. Errors, drawn uniformly among those that
+    apply: a column total off by one; a dropped carry (a column that has a carry-in written
+    without it); the trace right but the answer miscopied (off by one). Columns after a wrong one
+    are computed correctly from the wrong carry, and the answer is read off the wrong trace.
+    """
+    da = [int(c) for c in reversed(str(a))]
+    db = [int(c) for c in reversed(str(b))]
+    width = max(len(da), len(db))
+    correct = _addition_steps(da, db, None, "")
+    carried = [i for i, step in enumerate(correct[:width]) if "+1=" in step]
+    kind = rng.choice(["slip", "answer"] + (["dropped_carry"] * 2 if carried else []))
+    if kind == "answer":
+        return [*correct[:width], str(_nudge(a + b, rng))], width
+    bad = rng.choice(carried) if kind == "dropped_carry" else rng.randrange(width)
+    return _addition_steps(da, db, bad, kind, rng), bad
+
+
+def _addition_steps(da: list[int], db: list[int], bad: int | None, kind: str,
+                    rng: random.Random | None = None) -> list[str]:
+    steps, digits, carry = [], [], 0
+    for i in range(max(len(da), len(db))):
+        x, y = (da[i] if i < len(da) else 0), (db[i] if i < len(db) else 0)
+        if i == bad and kind == "dropped_carry":
+            carry = 0
+        total = x + y + carry
+        if i == bad and kind == "slip":
+            total = _nudge(total, rng)
+        steps.append(f"{x}+{y}{f'+{carry}' if carry else ''}={total} c{total // 10}")
+        digits.append(total % 10)
+        carry = total // 10
+    answer = int("".join(map(str, reversed(digits)))) + carry * 10 ** len(digits)
+    return [*steps, str(answer)]
+
+
+def _wrong_completion(problem: Problem, rng: random.Random) -> tuple[list[str], int]:
+    """The completion's steps (cut at ``|``, answer last) with one wrong step, and its index."""
+    operands = _addition_operands(problem)
+    if operands is not None:
+        return wrong_addition(*operands, rng)
+    steps = [s for s in problem.reasoning.split(STEP_SEPARATOR) if s]
+    numbered = [i for i, s in enumerate(steps) if _NUMBER.search(s)]
+    answer = problem.answer
+    try:
+        answer = str(_nudge(int(answer), rng))
+    except ValueError:
+        answer = answer + answer[-1:]
+    if not numbered:
+        return [*steps, answer], len(steps)
+    bad = rng.choice(numbered)
+    last = list(_NUMBER.finditer(steps[bad]))[-1]
+    steps[bad] = steps[bad][: last.start()] + str(_nudge(int(last[0]), rng)) + steps[bad][last.end():]
+    return [*steps, answer], bad
+
+
+def _join(steps: list[str]) -> str:
+    """Column steps + answer -> ``<think>s1|s2|</think>answer`` (the SFT completion layout)."""
+    return f"{THINK_OPEN}{''.join(s + STEP_SEPARATOR for s in steps[:-1])}{THINK_CLOSE}{steps[-1]}"
+
+
+def completion_steps(completion: str, separator: str = STEP_SEPARATOR) -> list[str]:
+    """A completion cut into steps at ``separator``; empty pieces are dropped."""
+    return [s for s in completion.split(separator) if s.strip()]
+
+
+def _pair(problem: Problem, kind: str, rng: random.Random) -> dict:
+    chosen = format_completion(problem, think=True)
+    if kind == "style":
+        rejected = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{rng.choice(FILLERS)}{problem.answer}."
+    else:
+        steps, _ = _wrong_completion(problem, rng)
+        rejected = _join(steps)
+    return {"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "kind": kind}
+
+
+def _chat(record: dict, fields: tuple[str, ...]) -> dict:
+    out = dict(record)
+    out["prompt"] = [{"role": "user", "content": record["prompt"]}]
+    for f in fields:
+        out[f] = [{"role": "assistant", "content": record[f]}]
+    return out
+
+
+def preference_records(task: Task, n: int, *, seed: int = 0, split: str = "train", kind: Kind = "correctness",
+                       chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
+    """``n`` preference pairs ``{prompt, chosen, rejected, kind}``, one per distinct problem of ``split``."""
+    if kind not in ("correctness", "style", "mixed"):
+        raise ValueError(f"kind must be 'correctness', 'style' or 'mixed', got {kind!r}")
+    problems = draw_problems(task, n, seed=seed, split=split, eval_fraction=eval_fraction)
+    rng = random.Random(f"preference:{task.name}:{kind}:{split}:{seed}")
+    records = []
+    for i, problem in enumerate(problems):
+        pair_kind = kind if kind != "mixed" else ("correctness", "style")[i % 2]
+        record = _pair(problem, pair_kind, rng)
+        records.append(_chat(record, ("chosen", "rejected")) if chat else record)
+    return records
+
+
+def split_pairs(records: list[dict]) -> list[dict]:
+    """Preference pairs -> unpaired records: chosen with ``label=True``, rejected with ``label=False``."""
+    out = []
+    for r in records:
+        extra = {k: v for k, v in r.items() if k not in ("prompt", "chosen", "rejected")}
+        out.append({"prompt": r["prompt"], "completion": r["chosen"], "label": True, **extra})
+        out.append({"prompt": r["prompt"], "completion": r["rejected"], "label": False, **extra})
+    return out
+
+
+def unpaired_records(task: Task, n: int, *, seed: int = 0, split: str = "train", kind: Kind = "correctness",
+                     chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
+    """``n`` unpaired records ``{prompt, completion, label}`` (from ``n // 2`` pairs, plus one if odd)."""
+    pairs = preference_records(task, (n + 1) // 2, seed=seed, split=split, kind=kind, chat=chat,
+                               eval_fraction=eval_fraction)
+    return split_pairs(pairs)[:n]
+
+
+def stepwise_records(task: Task, n: int, *, seed: int = 0, split: str = "train", wrong_fraction: float = 0.5,
+                     eval_fraction: float = 0.1) -> list[dict]:
+    """``n`` stepwise records ``{prompt, steps, labels}``; see the module docstring for the labels."""
+    if not 0.0 <= wrong_fraction <= 1.0:
+        raise ValueError(f"wrong_fraction must be in [0, 1], got {wrong_fraction}")
+    problems = draw_problems(task, n, seed=seed, split=split, eval_fraction=eval_fraction)
+    rng = random.Random(f"stepwise:{task.name}:{split}:{seed}")
+    records = []
+    for problem in problems:
+        if rng.random() < wrong_fraction:
+            steps, bad = _wrong_completion(problem, rng)
+            labels = [int(i < bad) for i in range(len(steps))]
+        else:
+            steps = [*[s for s in problem.reasoning.split(STEP_SEPARATOR) if s], problem.answer]
+            labels = [1] * len(steps)
+        # the tags ride on the first and last step, so joining the steps with "|" gives the completion
+        text_steps = completion_steps(_join(steps))
+        records.append({"prompt": problem.prompt, "steps": text_steps, "labels": labels})
+    return records
