@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tether.config import ConfigError, apply_override, load_yaml, parse_overrides
 
-DEFAULT_RECIPE = "sft-arithmetic"
+DEFAULT_RECIPE = "r1-arithmetic"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Post-training for language models: every loop, one small core.")
@@ -145,6 +145,9 @@ def _stage_command(stage_type: str, help_text: str) -> None:
 
 _stage_command("pretrain", "Pretrain (next-token on raw text) from a config file.")
 _stage_command("sft", "Supervised fine-tuning (prompt masked) from a config file.")
+_stage_command("rm", "Reward model (Bradley-Terry on pairs; process: true for a PRM) from a config file.")
+_stage_command("dpo", "Offline preference optimisation (DPO, IPO, cDPO, hinge, RPO, SimPO, ORPO, SPPO, KTO) "
+               "from a config file.")
 _stage_command("grpo", "Critic-free RL (GRPO, Dr. GRPO, RLOO, REINFORCE, REINFORCE++, ReMax, DAPO); "
                "pick a preset with algorithm=NAME.")
 

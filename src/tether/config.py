@@ -131,6 +131,7 @@ class EvalConfig(StrictModel):
     temperature: float = Field(1.0, gt=0)
     batch_size: int = Field(64, ge=1)
     chat: bool = False
+    prompt_template: str = "{prompt}"
     before: bool = False
 
 

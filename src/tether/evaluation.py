@@ -9,6 +9,7 @@ import torch
 
 from tether.config import EvalConfig
 from tether.data.tokenize import tokenize_prompt
+from tether.rewards.verifiers import format_reward
 from tether.rollout import HFEngine, SamplingParams
 from tether.tasks import eval_records, get_task
 
@@ -35,7 +36,7 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
     """
     task = get_task(cfg.task, **cfg.options)
     records = records or eval_records(task, cfg.n, seed=cfg.seed)
-    prompts = [r["prompt"] for r in records]
+    prompts = [cfg.prompt_template.format(prompt=r["prompt"]) for r in records]
     answers = [r["answer"] for r in records]
     ids = prompt_ids(prompts, tokenizer, cfg.chat)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size)
@@ -43,7 +44,7 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
     correct = [task.verify(text, answer) for text, answer in zip(greedy.texts, answers, strict=True)]
     results = {
         "accuracy": sum(correct) / len(correct),
-        "format": sum(("</think>" in t) for t in greedy.texts) / len(greedy.texts),
+        "format": sum(format_reward(prompts, greedy.texts)) / len(prompts),
         "mean_length": sum(len(c) for c in greedy.completion_ids) / len(greedy.completion_ids),
     }
     if cfg.samples > 1:

@@ -127,3 +127,6 @@ def _register_rl() -> None:
 
 
 _register_rl()
+
+from tether.trainers import preference as _preference  # noqa: E402,F401  (registers the dpo stage)
+from tether.trainers import reward as _reward  # noqa: E402,F401  (registers the rm stage)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
-from tether.data import pack_sequences
+from tether.data import pack_sequences, tokenize_prompt
 
 REWARD_INFO_KEY = "tether_reward"
 DEFAULT_INFO = {"process": False, "step_separator": "\n", "aggregation": "min"}
@@ -143,9 +143,34 @@ def score_positions(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
     """
     if len(sequences) != len(positions):
         raise ValueError(f"{len(sequences)} sequences but {len(positions)} position lists")
+    device = next(model.parameters()).device
     packed = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
-    scores = token_scores(model, packed.input_ids, packed.position_ids)
+    scores = token_scores(model, packed.input_ids.to(device), packed.position_ids.to(device))
     counts = torch.tensor([len(p) for p in positions])
     rows = packed.rows.repeat_interleave(counts)
     cols = packed.starts.repeat_interleave(counts) + torch.tensor([q for p in positions for q in p], dtype=torch.long)
     return scores[rows.to(scores.device), cols.to(scores.device)]
+
+
+def split_steps(completion: str, separator: str) -> list[str]:
+    """A generated completion cut into steps at ``separator``; empty or blank pieces are dropped."""
+    return [s for s in completion.split(separator) if s.strip()]
+
+
+def step_sequence(prompt: Any, steps: Sequence[str], tokenizer: Any, separator: str) -> tuple[list[int], list[int]]:
+    """Ids of ``prompt + step_1 + sep + step_2 + sep ...`` and the position of each separator's last token.
+
+    The prompt is tokenised as for generation (``bos + prompt``, or the chat template with the
+    assistant header); each step and separator separately, so the layout is the same for every
+    record and for the scorer.
+    """
+    ids = tokenize_prompt(prompt, tokenizer)
+    sep = list(tokenizer(separator, add_special_tokens=False)["input_ids"])
+    if not sep:
+        raise ValueError(f"the step separator {separator!r} tokenises to nothing")
+    positions = []
+    for step in steps:
+        ids.extend(tokenizer(step, add_special_tokens=False)["input_ids"])
+        ids.extend(sep)
+        positions.append(len(ids) - 1)
+    return ids, positions

@@ -60,12 +60,16 @@ class Arithmetic:
 
     name = "arithmetic"
 
-    def __init__(self, digits: int = 2, min_digits: int = 1, operators: str = "+") -> None:
+    def __init__(self, digits: int = 2, min_digits: int = 1, operators: str = "+",
+                 pretrain_format: str = "equation") -> None:
         if not 1 <= min_digits <= digits <= 12:
             raise ValueError(f"need 1 <= min_digits <= digits <= 12, got min_digits={min_digits}, digits={digits}")
         if not operators or any(op not in OPERATORS for op in operators):
             raise ValueError(f"operators must be a non-empty string of {OPERATORS!r}, got {operators!r}")
+        if pretrain_format not in ("equation", "worked"):
+            raise ValueError(f"pretrain_format must be 'equation' or 'worked', got {pretrain_format!r}")
         self.digits, self.min_digits, self.operators = digits, min_digits, operators
+        self.pretrain_format = pretrain_format
 
     def _operand(self, rng: random.Random) -> int:
         n_digits = rng.randint(self.min_digits, self.digits)
@@ -86,7 +90,12 @@ class Arithmetic:
             return 0.0
 
     def pretrain_text(self, problem: Problem) -> str:
-        """Plain equations, no reasoning format: the base model learns numbers, not the ``<think>`` protocol."""
+        """Raw text without the ``<think>`` protocol: plain equations (``47+85=132``), or with
+        ``pretrain_format="worked"`` the column work in prose-like form
+        (``47+85: 7+5=12 c1|4+8+1=13 c1| so 132``), so a base model can know the algorithm
+        while never having seen the reasoning tags."""
+        if self.pretrain_format == "worked":
+            return f"{problem.prompt[:-1]}: {problem.reasoning} so {problem.answer}"
         return f"{problem.prompt}{problem.answer}"
 
 

@@ -6,10 +6,11 @@ problem: pass ``split="eval"`` for evaluation records.
 - ``preference_records``: ``{prompt, chosen, rejected}`` pairs of one of three kinds:
 
   * ``correctness``: chosen is the correct completion with its ``<think>`` trace; rejected is a
-    plausible wrong one. For addition the error is made inside the trace and carried through
-    consistently (a column sum off by one, or a dropped carry), or the trace is right and the
-    answer is miscopied; for other operators and tasks a number in one step and the answer are
-    nudged by one (the later steps are left as they were).
+    plausible wrong one, with an error of a kind drawn from ``errors``: for addition made inside
+    the trace and carried through consistently (``slip``: a column sum off by one;
+    ``dropped_carry``), or the trace right and the answer miscopied (``answer``); for other
+    operators and tasks a number in one step and the answer nudged by one (the later steps
+    left as they were), or the answer alone.
   * ``style``: both completions are correct; rejected pads the answer with filler words. The
     preference (concise over padded) is known exactly.
   * ``mixed``: alternately one of each.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from typing import Literal
 
 from tether.tasks.base import THINK_CLOSE, THINK_OPEN, Problem, Task, draw_problems, format_completion
@@ -40,6 +42,7 @@ FILLERS = (
     "Hmm, the final result would be ",
 )
 Kind = Literal["correctness", "style", "mixed"]
+ERRORS = ("slip", "dropped_carry", "answer")
 
 _NUMBER = re.compile(r"\d+")
 
@@ -54,24 +57,28 @@ def _nudge(value: int, rng: random.Random) -> int:
     return value + 1 if value == 0 or rng.random() < 0.5 else value - 1
 
 
-def wrong_addition(a: int, b: int, rng: random.Random) -> tuple[list[str], int]:
+def wrong_addition(a: int, b: int, rng: random.Random, errors: Sequence[str] = ERRORS) -> tuple[list[str], int, str]:
     """The steps of ``a+b`` (one per column, then the answer) with one error carried through.
 
-    Returns ``(steps, index of the first wrong step)``. Errors, drawn uniformly among those that
-    apply: a column total off by one; a dropped carry (a column that has a carry-in written
-    without it); the trace right but the answer miscopied (off by one). Columns after a wrong one
-    are computed correctly from the wrong carry, and the answer is read off the wrong trace.
+    Returns ``(steps, index of the first wrong step, error kind)``. The kind is drawn uniformly
+    from those of ``errors`` that apply: ``slip``, a column total off by one; ``dropped_carry``,
+    a column that has a carry-in written without it (weighted twice, as it only applies to some
+    problems); ``answer``, the trace right but the answer miscopied, off by one. Columns after a
+    wrong one are computed correctly from the wrong carry, and the answer is read off the wrong
+    trace. When no allowed kind applies (only ``dropped_carry`` and no carry), ``answer`` is used.
     """
     da = [int(c) for c in reversed(str(a))]
     db = [int(c) for c in reversed(str(b))]
     width = max(len(da), len(db))
     correct = _addition_steps(da, db, None, "")
-    carried = [i for i, step in enumerate(correct[:width]) if "+1=" in step]
-    kind = rng.choice(["slip", "answer"] + (["dropped_carry"] * 2 if carried else []))
+    carried = [i for i, step in enumerate(correct[:width]) if step.count("+") == 2]  # "x+y+1=..."
+    options = [k for k in errors if k != "dropped_carry"] + (["dropped_carry"] * 2 if carried and
+                                                              "dropped_carry" in errors else [])
+    kind = rng.choice(options) if options else "answer"
     if kind == "answer":
-        return [*correct[:width], str(_nudge(a + b, rng))], width
+        return [*correct[:width], str(_nudge(a + b, rng))], width, kind
     bad = rng.choice(carried) if kind == "dropped_carry" else rng.randrange(width)
-    return _addition_steps(da, db, bad, kind, rng), bad
+    return _addition_steps(da, db, bad, kind, rng), bad, kind
 
 
 def _addition_steps(da: list[int], db: list[int], bad: int | None, kind: str,
@@ -91,24 +98,27 @@ def _addition_steps(da: list[int], db: list[int], bad: int | None, kind: str,
     return [*steps, str(answer)]
 
 
-def _wrong_completion(problem: Problem, rng: random.Random) -> tuple[list[str], int]:
-    """The completion's steps (cut at ``|``, answer last) with one wrong step, and its index."""
+def _wrong_completion(problem: Problem, rng: random.Random, errors: Sequence[str]) -> tuple[list[str], int, str]:
+    """The completion's steps (cut at ``|``, answer last) with one wrong step, its index and kind.
+
+    Addition: ``wrong_addition``. Anything else: ``answer`` nudges the answer by one; ``slip``
+    nudges the last number of one step and the answer (later steps unchanged).
+    """
     operands = _addition_operands(problem)
     if operands is not None:
-        return wrong_addition(*operands, rng)
+        return wrong_addition(*operands, rng, errors)
     steps = [s for s in problem.reasoning.split(STEP_SEPARATOR) if s]
-    numbered = [i for i, s in enumerate(steps) if _NUMBER.search(s)]
-    answer = problem.answer
     try:
-        answer = str(_nudge(int(answer), rng))
+        answer = str(_nudge(int(problem.answer), rng))
     except ValueError:
-        answer = answer + answer[-1:]
-    if not numbered:
-        return [*steps, answer], len(steps)
+        answer = problem.answer + problem.answer[-1:]
+    numbered = [i for i, s in enumerate(steps) if _NUMBER.search(s)]
+    if "slip" not in errors or not numbered or ("answer" in errors and rng.random() < 0.5):
+        return [*steps, answer], len(steps), "answer"
     bad = rng.choice(numbered)
     last = list(_NUMBER.finditer(steps[bad]))[-1]
     steps[bad] = steps[bad][: last.start()] + str(_nudge(int(last[0]), rng)) + steps[bad][last.end():]
-    return [*steps, answer], bad
+    return [*steps, answer], bad, "slip"
 
 
 def _join(steps: list[str]) -> str:
@@ -121,14 +131,15 @@ def completion_steps(completion: str, separator: str = STEP_SEPARATOR) -> list[s
     return [s for s in completion.split(separator) if s.strip()]
 
 
-def _pair(problem: Problem, kind: str, rng: random.Random) -> dict:
+def _pair(problem: Problem, kind: str, rng: random.Random, errors: Sequence[str]) -> dict:
     chosen = format_completion(problem, think=True)
     if kind == "style":
         rejected = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{rng.choice(FILLERS)}{problem.answer}."
+        error = "filler"
     else:
-        steps, _ = _wrong_completion(problem, rng)
+        steps, _, error = _wrong_completion(problem, rng, errors)
         rejected = _join(steps)
-    return {"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "kind": kind}
+    return {"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "kind": kind, "error": error}
 
 
 def _chat(record: dict, fields: tuple[str, ...]) -> dict:
@@ -139,17 +150,28 @@ def _chat(record: dict, fields: tuple[str, ...]) -> dict:
     return out
 
 
+def _check_errors(errors: Sequence[str]) -> None:
+    unknown = sorted(set(errors) - set(ERRORS))
+    if unknown or not errors:
+        raise ValueError(f"errors must be a non-empty list of {', '.join(ERRORS)}; got {list(errors)}")
+
+
 def preference_records(task: Task, n: int, *, seed: int = 0, split: str = "train", kind: Kind = "correctness",
-                       chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
-    """``n`` preference pairs ``{prompt, chosen, rejected, kind}``, one per distinct problem of ``split``."""
+                       errors: Sequence[str] = ERRORS, chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
+    """``n`` preference pairs ``{prompt, chosen, rejected, kind, error}``, one per distinct problem of ``split``.
+
+    ``errors``: the kinds of mistake a ``correctness`` rejected completion may carry (see
+    ``wrong_addition``); ``error`` names the one it got (``filler`` for style pairs).
+    """
     if kind not in ("correctness", "style", "mixed"):
         raise ValueError(f"kind must be 'correctness', 'style' or 'mixed', got {kind!r}")
+    _check_errors(errors)
     problems = draw_problems(task, n, seed=seed, split=split, eval_fraction=eval_fraction)
     rng = random.Random(f"preference:{task.name}:{kind}:{split}:{seed}")
     records = []
     for i, problem in enumerate(problems):
         pair_kind = kind if kind != "mixed" else ("correctness", "style")[i % 2]
-        record = _pair(problem, pair_kind, rng)
+        record = _pair(problem, pair_kind, rng, errors)
         records.append(_chat(record, ("chosen", "rejected")) if chat else record)
     return records
 
@@ -165,24 +187,25 @@ def split_pairs(records: list[dict]) -> list[dict]:
 
 
 def unpaired_records(task: Task, n: int, *, seed: int = 0, split: str = "train", kind: Kind = "correctness",
-                     chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
+                     errors: Sequence[str] = ERRORS, chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
     """``n`` unpaired records ``{prompt, completion, label}`` (from ``n // 2`` pairs, plus one if odd)."""
-    pairs = preference_records(task, (n + 1) // 2, seed=seed, split=split, kind=kind, chat=chat,
+    pairs = preference_records(task, (n + 1) // 2, seed=seed, split=split, kind=kind, errors=errors, chat=chat,
                                eval_fraction=eval_fraction)
     return split_pairs(pairs)[:n]
 
 
 def stepwise_records(task: Task, n: int, *, seed: int = 0, split: str = "train", wrong_fraction: float = 0.5,
-                     eval_fraction: float = 0.1) -> list[dict]:
+                     errors: Sequence[str] = ERRORS, eval_fraction: float = 0.1) -> list[dict]:
     """``n`` stepwise records ``{prompt, steps, labels}``; see the module docstring for the labels."""
     if not 0.0 <= wrong_fraction <= 1.0:
         raise ValueError(f"wrong_fraction must be in [0, 1], got {wrong_fraction}")
+    _check_errors(errors)
     problems = draw_problems(task, n, seed=seed, split=split, eval_fraction=eval_fraction)
     rng = random.Random(f"stepwise:{task.name}:{split}:{seed}")
     records = []
     for problem in problems:
         if rng.random() < wrong_fraction:
-            steps, bad = _wrong_completion(problem, rng)
+            steps, bad, _ = _wrong_completion(problem, rng, errors)
             labels = [int(i < bad) for i in range(len(steps))]
         else:
             steps = [*[s for s in problem.reasoning.split(STEP_SEPARATOR) if s], problem.answer]

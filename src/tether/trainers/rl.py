@@ -110,9 +110,12 @@ class RLDataConfig(StrictModel):
     path: str | None = None
     task: TaskSource | None = None
     chat: bool = False
+    prompt_template: str = Field("{prompt}", description="e.g. '{prompt}<think>' for an R1-Zero template")
 
     @model_validator(mode="after")
     def _one_source(self) -> RLDataConfig:
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError("data.prompt_template must contain '{prompt}'")
         if (self.path is None) == (self.task is None):
             raise ValueError("data needs exactly one of 'path' or 'task'")
         return self
@@ -218,8 +221,9 @@ class RLTrainer(Trainer):
         self.records = records if records is not None else rl_prompt_records(cfg.data)
         if not self.records:
             raise ValueError(f"stage {self.stage!r}: no prompts")
-        self.prompt_ids = [tokenize_prompt([{"role": "user", "content": r["prompt"]}] if cfg.data.chat
-                                           else r["prompt"], tokenizer) for r in self.records]
+        self.prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in self.records]
+        self.prompt_ids = [tokenize_prompt([{"role": "user", "content": p}] if cfg.data.chat else p, tokenizer)
+                           for p in self.prompts]
         self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
         if reward_functions is not None:  # plain callables, RewardSpecs or {name, weight, kwargs} dicts
             specs = [f if isinstance(f, RewardSpec | dict) else RewardSpec(f) for f in reward_functions]
@@ -274,7 +278,7 @@ class RLTrainer(Trainer):
 
     def score(self, indices: list[int], rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         records = [self.records[indices[i]] for i in rollout.prompt_index]
-        prompts = [r["prompt"] for r in records]
+        prompts = [self.prompts[indices[i]] for i in rollout.prompt_index]
         columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
         result = self.rewards.score(prompts, rollout.texts, columns)
         rewards = result.total.clone()

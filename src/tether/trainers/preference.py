@@ -1,0 +1,492 @@
+"""Offline preference optimisation: the DPO family on static pairs, and KTO on unpaired data.
+
+One step reads: fixed micro-batches of pairs -> chosen and rejected through the policy in one
+padding-free packed forward pass -> summed completion log-probs -> a ``PREFERENCE_LOSSES`` entry
+(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | sppo_hard``, or a dict of
+weights for ``mixed_preference_loss``) against cached reference log-probs -> one update.
+``loss: kto`` uses ``UNPAIRED_LOSSES["kto"]`` on ``{prompt, completion, label}`` records.
+
+How it departs from a textbook DPO loop:
+
+- Reference log-probs are computed once, before the first update, by the policy itself (its
+  initial weights, in eval mode, without gradients) and cached with the dataset (and in
+  ``<stage>/reference_logps.pt`` for resume); no reference model is held during training.
+  SimPO and ORPO are reference-free and compute none.
+- KTO's KL baseline uses mismatched pairs inside each micro-batch (completion j with the prompt
+  of example j+1, as TRL). To cache their reference log-probs, KTO micro-batches keep a fixed
+  composition across epochs (only their order is reshuffled); paired losses reshuffle freely.
+- The loss of a micro-batch is its pair mean scaled by (pairs in it) / (pairs in the global
+  batch), so accumulation and ranks add up to the global mean. With WPO the weighted mean is per
+  micro-batch (``wpo_weights`` normalises within the batch it sees).
+- Held-out figures: implicit-reward preference accuracy (fraction of held-out pairs where
+  β(log π - log π_ref) of chosen beats rejected; for SimPO / ORPO the loss's own reward) and
+  margin, merged with the task evaluation of ``config.eval`` when set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from tether.config import StageConfig
+from tether.core.logprobs import selective_log_softmax, sequence_logprobs
+from tether.core.preference import (
+    PREFERENCE_LOSSES,
+    UNPAIRED_LOSSES,
+    PreferenceInputs,
+    mixed_preference_loss,
+    wpo_weights,
+)
+from tether.data import DataError, TokenizedExample, pack_sequences, tokenize_sft
+from tether.pipeline import register_stage
+from tether.tasks.preferences import split_pairs
+from tether.trainers.loop import Trainer
+from tether.trainers.reward import (
+    BatchSchedule,
+    PairDataConfig,
+    PairExample,
+    chunks,
+    load_pair_records,
+    pair_data,
+    tokenize_pairs,
+)
+
+log = logging.getLogger(__name__)
+
+REFERENCE_FREE = frozenset({"simpo", "orpo"})
+HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "simpo_gamma", "length_normalize", "desirable_weight",
+           "undesirable_weight")
+REFERENCE_CACHE = "reference_logps.pt"
+
+
+class PreferenceDataConfig(PairDataConfig):
+    split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
+                                                 "undesirable")
+
+
+class DPOConfig(StageConfig):
+    """Offline preference optimisation; hyperparameters left unset take the loss's own default."""
+
+    type: Literal["dpo"] = "dpo"
+    data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task={"name": "arithmetic"}))
+    loss: str | dict[str, float] = Field("sigmoid", description="a PREFERENCE_LOSSES name, 'kto', or "
+                                                                "{name: weight} for a mix")
+    beta: float | None = Field(None, gt=0)
+    label_smoothing: float | None = Field(None, ge=0, le=0.5, description="cdpo / robust")
+    rpo_alpha: float | None = Field(None, ge=0, description="rpo: weight of the chosen NLL")
+    simpo_gamma: float | None = Field(None, description="simpo: target margin")
+    length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
+    desirable_weight: float | None = Field(None, gt=0, description="kto")
+    undesirable_weight: float | None = Field(None, gt=0, description="kto")
+    wpo: bool = Field(False, description="weight pairs by their probability under the policy (WPO)")
+
+    @property
+    def loss_names(self) -> list[str]:
+        return list(self.loss) if isinstance(self.loss, dict) else [self.loss]
+
+    @property
+    def unpaired(self) -> bool:
+        return self.loss == "kto"
+
+    @property
+    def needs_reference(self) -> bool:
+        return not all(name in REFERENCE_FREE for name in self.loss_names)
+
+    def hparams(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in HPARAMS if getattr(self, k) is not None}
+
+    @model_validator(mode="after")
+    def _check_loss(self) -> DPOConfig:
+        if isinstance(self.loss, dict) and not self.loss:
+            raise ValueError("loss: an empty mix; give {name: weight, ...}")
+        functions = []
+        for name in self.loss_names:
+            if name == "kto":
+                if isinstance(self.loss, dict):
+                    raise ValueError("'kto' takes unpaired data and cannot be mixed with paired losses")
+                functions.append(UNPAIRED_LOSSES.get("kto"))
+            elif name not in PREFERENCE_LOSSES:
+                valid = ", ".join([*PREFERENCE_LOSSES.names(), "kto"])
+                raise ValueError(f"unknown preference loss {name!r}; valid names: {valid}")
+            else:
+                functions.append(PREFERENCE_LOSSES.get(name))
+        accepted = {p for fn in functions for p in inspect.signature(fn).parameters}
+        unused = sorted(set(self.hparams()) - accepted)
+        if unused:
+            raise ValueError(f"{', '.join(unused)} not used by loss {self.loss!r}")
+        if self.wpo and self.unpaired:
+            raise ValueError("wpo weights pairs; it does not apply to kto")
+        if self.data.task is not None and self.data.task.kind == "stepwise":
+            raise ValueError("data.task.kind 'stepwise' is for process reward models; use correctness, style "
+                             "or mixed")
+        return self
+
+
+def paired_loss_fn(cfg: DPOConfig) -> Callable[[PreferenceInputs], tuple[torch.Tensor, dict]]:
+    """The configured paired loss (or mix) with its hyperparameters bound."""
+    if isinstance(cfg.loss, dict):
+        return partial(mixed_preference_loss, losses=cfg.loss, **cfg.hparams())
+    return partial(PREFERENCE_LOSSES.get(cfg.loss), **cfg.hparams())
+
+
+def loss_beta(cfg: DPOConfig) -> float:
+    """β of the (first) configured loss: the implicit reward's scale."""
+    if cfg.beta is not None:
+        return cfg.beta
+    name = cfg.loss_names[0]
+    fn = UNPAIRED_LOSSES.get(name) if name == "kto" else PREFERENCE_LOSSES.get(name)
+    return inspect.signature(fn).parameters["beta"].default
+
+
+# ---- log-probs --------------------------------------------------------------------------------------
+
+
+def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
+                         pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each example's loss tokens, from one packed forward pass.
+
+    Returns ``(token_logps, mask)``, both shape (N, T) with T the longest example minus one:
+    ``token_logps[i, t] = log π(x_{t+1} | x_{<=t})`` of example i where ``mask[i, t]`` (its
+    label at t+1 is a loss token), 0 elsewhere.
+    """
+    device = next(model.parameters()).device
+    packed = pack_sequences([e.input_ids for e in examples], row_tokens=row_tokens, pad_token_id=pad_token_id)
+    lengths = torch.tensor([len(e) for e in examples])
+    width = int(lengths.max()) - 1
+    targets = torch.full((len(examples), width), -100, dtype=torch.long)
+    for i, e in enumerate(examples):
+        targets[i, : len(e) - 1] = torch.tensor(e.labels[1:], dtype=torch.long)
+    steps = torch.arange(width)
+    valid = steps[None, :] < (lengths - 1)[:, None]
+    cols = torch.where(valid, packed.starts[:, None] + steps[None, :], 0)
+    rows = packed.rows[:, None].expand_as(cols)
+    labels = torch.full_like(packed.input_ids, -100)
+    labels[rows[valid], cols[valid]] = targets[valid]
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in packed.model_inputs().items()}
+    logits = model(**inputs).logits
+    token_logps = selective_log_softmax(logits, labels.to(device))
+    mask = (targets != -100).to(device)
+    return torch.where(mask, token_logps[rows.to(device), cols.to(device)], 0.0), mask
+
+
+# ---- unpaired examples ----------------------------------------------------------------------------
+
+
+@dataclass
+class UnpairedExample:
+    prompt: Any
+    completion: Any
+    example: TokenizedExample
+    desirable: bool
+    tools: Any = None
+
+
+def tokenize_unpaired(records: Sequence[dict], tokenizer: Any, *, max_length: int, overflow: str
+                      ) -> tuple[list[UnpairedExample], dict[str, int]]:
+    out, stats = [], {"overflow": 0}
+    for r in records:
+        row = {"prompt": r["prompt"], "completion": r["completion"], "tools": r.get("tools")}
+        example = tokenize_sft({k: v for k, v in row.items() if v is not None}, tokenizer,
+                               max_length=max_length, overflow=overflow)
+        if example is None:
+            stats["overflow"] += 1
+            continue
+        out.append(UnpairedExample(r["prompt"], r["completion"], example, bool(r["label"]), r.get("tools")))
+    return out, stats
+
+
+def _is_paired(records: Sequence[dict]) -> bool:
+    return bool(records) and "chosen" in records[0]
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+
+
+class PreferenceTrainer(Trainer):
+    """Offline DPO-family / KTO updates against reference log-probs cached before training."""
+
+    def __init__(self, config: DPOConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path, *,
+                 records: list[dict] | None = None, eval_records: list[dict] | None = None,
+                 dropped: dict[str, int] | None = None, stage: str | None = None) -> None:
+        super().__init__(config, model, tokenizer, run_dir, stage=stage)
+        cfg = self.config
+        counts = dict(dropped or {})
+        if records is None:
+            records, default_eval, counts = pair_data(cfg.data, kind="correctness", format=cfg.data.format,
+                                                      unpaired=cfg.unpaired)
+            eval_records = default_eval if eval_records is None else eval_records
+        records = self._fit_to_loss(records, "training")
+        stats: dict[str, int]
+        if cfg.unpaired:
+            self.examples, stats = tokenize_unpaired(records, tokenizer, max_length=cfg.data.max_length,
+                                                     overflow=cfg.data.overflow)
+        else:
+            self.examples, stats = tokenize_pairs(records, tokenizer, max_length=cfg.data.max_length,
+                                                  overflow=cfg.data.overflow)
+        self.eval_pairs: list[PairExample] = []
+        self.eval_unpaired: list[UnpairedExample] = []
+        if eval_records:
+            if _is_paired(eval_records):
+                self.eval_pairs = tokenize_pairs(eval_records, tokenizer, max_length=cfg.data.max_length,
+                                                 overflow=cfg.data.overflow)[0]
+            elif cfg.unpaired:
+                self.eval_unpaired = tokenize_unpaired(eval_records, tokenizer, max_length=cfg.data.max_length,
+                                                       overflow=cfg.data.overflow)[0]
+            else:
+                raise DataError(f"stage {self.stage!r}: held-out records are unpaired but loss {cfg.loss!r} "
+                                "is evaluated on preference pairs")
+        self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0)
+                           for k in ("identical", "empty", "overflow")}
+        if not self.examples:
+            raise ValueError(f"stage {self.stage!r}: no training examples left ({self.data_stats})")
+        self.schedule = BatchSchedule(len(self.examples), batch_size=cfg.train.batch_size,
+                                      grad_accum=cfg.train.grad_accum, seed=cfg.train.seed, rank=self.dist.rank,
+                                      world_size=self.dist.world_size, reshuffle=not cfg.unpaired)
+        self.kl_examples = self._kl_examples() if cfg.unpaired else {}
+        self.loss = paired_loss_fn(cfg) if not cfg.unpaired else None
+        self.beta = loss_beta(cfg)
+        self.ref: dict[str, torch.Tensor] | None = None
+        dropped_now = {k: v for k, v in self.data_stats.items() if v}
+        if dropped_now:
+            log.warning("%s: dropped %s", self.stage, dropped_now)
+        self.results.update({f"data/{k}": float(v) for k, v in dropped_now.items()})
+        self.logger.log(0, {f"data/{k}": v for k, v in self.data_stats.items()})
+
+    def _fit_to_loss(self, records: list[dict], what: str) -> list[dict]:
+        cfg = self.config
+        if cfg.unpaired and _is_paired(records):
+            if not cfg.data.split_pairs:
+                raise DataError(f"stage {self.stage!r}: loss 'kto' takes unpaired records (prompt, completion, "
+                                f"label) but the {what} records are preference pairs; set data.split_pairs: true "
+                                "to use each pair as one desirable and one undesirable example")
+            return split_pairs(records)
+        if not cfg.unpaired and records and not _is_paired(records):
+            raise DataError(f"stage {self.stage!r}: loss {cfg.loss!r} takes preference pairs (prompt, chosen, "
+                            f"rejected) but the {what} records are not pairs")
+        return records
+
+    def _kl_examples(self) -> dict[int, TokenizedExample]:
+        """KTO's mismatched pairs: in each fixed micro-batch, completion j with the prompt of example j+1."""
+        cfg = self.config
+        if cfg.train.batch_size < 2:
+            raise ValueError("kto needs train.batch_size >= 2 for its mismatched KL pairs")
+        out = {}
+        for group in self.schedule.fixed_batches():
+            for j, i in enumerate(group):
+                own, partner = self.examples[i], self.examples[group[(j + 1) % len(group)]]
+                row = {"prompt": partner.prompt, "completion": own.completion}
+                if own.tools is not None:
+                    row["tools"] = own.tools
+                kl = tokenize_sft(row, self.tokenizer, max_length=cfg.data.max_length, overflow="truncate")
+                out[i] = kl if kl is not None else own.example  # a prompt too long for any completion token
+        return out
+
+    # ---- reference log-probs, once -------------------------------------------------------------------
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256()
+        h.update(f"{self.config.model.name_or_path}:{self.config.model.seed}".encode())
+        for name, examples in self._reference_sets().items():
+            h.update(name.encode())
+            for e in examples:
+                h.update(repr((e.input_ids, e.labels)).encode())
+        return h.hexdigest()
+
+    def _reference_sets(self) -> dict[str, list[TokenizedExample]]:
+        """Every sequence whose reference log-prob a loss or the evaluation needs, by cache key."""
+        if self.config.unpaired:
+            order = [i for g in self.schedule.fixed_batches() for i in g]
+            return {"train": [self.examples[i].example for i in order],
+                    "train_kl": [self.kl_examples[i] for i in order],
+                    "eval_chosen": [p.chosen for p in self.eval_pairs],
+                    "eval_rejected": [p.rejected for p in self.eval_pairs],
+                    "eval_unpaired": [u.example for u in self.eval_unpaired]}
+        return {"train_chosen": [p.chosen for p in self.examples],
+                "train_rejected": [p.rejected for p in self.examples],
+                "eval_chosen": [p.chosen for p in self.eval_pairs],
+                "eval_rejected": [p.rejected for p in self.eval_pairs]}
+
+    @torch.no_grad()
+    def sequence_logps(self, examples: Sequence[TokenizedExample]) -> torch.Tensor:
+        """Summed completion log-probs under the current weights, without gradients, in chunks."""
+        self.model.eval()
+        size = 2 * self.config.train.batch_size
+        out = [sequence_logprobs(*sequence_token_logps(self.model, chunk, row_tokens=self.config.data.pack_length,
+                                                       pad_token_id=self.tokenizer.pad_token_id), average=False)
+               for chunk in chunks(list(examples), size)]
+        return torch.cat(out).cpu() if out else torch.zeros(0)
+
+    def prepare_reference(self, *, use_cache: bool) -> None:
+        """Reference log-probs of every training and held-out sequence, from the initial weights.
+
+        With ``use_cache`` (resuming) a cache written by an earlier start on the same data is
+        reused, since the weights will be those of a checkpoint, not the reference.
+        """
+        if not self.config.needs_reference:
+            return
+        path = self.stage_dir / REFERENCE_CACHE
+        fingerprint = self._fingerprint()
+        if use_cache and path.exists():
+            cached = torch.load(path, map_location="cpu", weights_only=True)
+            if cached.get("fingerprint") == fingerprint:
+                self.ref = cached["logps"]
+                log.info("%s: reference log-probs from %s", self.stage, path)
+                return
+        sets = self._reference_sets()
+        if self.config.unpaired:
+            # per fixed micro-batch: the same packing as the training forward
+            logps = torch.full((len(self.examples), 2), float("nan"))
+            for group in self.schedule.fixed_batches():
+                both = self.sequence_logps([self.examples[i].example for i in group]
+                                           + [self.kl_examples[i] for i in group])
+                logps[group] = torch.stack([both[: len(group)], both[len(group):]], -1)
+            ref = {"train": logps, **{k: self.sequence_logps(v) for k, v in sets.items() if k.startswith("eval")}}
+        else:
+            ref = {k: self.sequence_logps(v) for k, v in sets.items()}
+        self.ref = ref
+        if self.dist.is_main:
+            self.stage_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save({"fingerprint": fingerprint, "logps": ref}, tmp)
+            os.replace(tmp, path)
+
+    def train(self, *, resume: bool = False) -> dict[str, float]:
+        self.prepare_reference(use_cache=resume)
+        return super().train(resume=resume)
+
+    # ---- losses ----------------------------------------------------------------------------------------
+    def _ref(self, key: str, idx: Sequence[int], device: torch.device) -> torch.Tensor | None:
+        if self.ref is None:
+            return None
+        return self.ref[key][list(idx)].to(device)
+
+    def pair_inputs(self, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
+                    ref_rejected: torch.Tensor | None) -> PreferenceInputs:
+        """Policy statistics of chosen and rejected (one forward pass) with the given reference log-probs."""
+        b = len(pairs)
+        tok, mask = sequence_token_logps(self.model, [p.chosen for p in pairs] + [p.rejected for p in pairs],
+                                         row_tokens=self.config.data.pack_length,
+                                         pad_token_id=self.tokenizer.pad_token_id)
+        logps = sequence_logprobs(tok, mask, average=False)
+        lengths = mask.sum(-1).float()
+        weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if self.config.wpo else None
+        return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
+                                weights=weights)
+
+    def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
+        device = next(self.model.parameters()).device
+        inputs = self.pair_inputs([self.examples[i] for i in idx], self._ref("train_chosen", idx, device),
+                                  self._ref("train_rejected", idx, device))
+        loss, metrics = self.loss(inputs)
+        if isinstance(self.config.loss, dict):  # the first component's rewards, unprefixed, for uniform logs
+            first = self.config.loss_names[0]
+            metrics.update({k[len(first) + 1:]: v for k, v in list(metrics.items())
+                            if k.startswith(f"{first}/rewards/")})
+        return loss * len(idx) / global_pairs, metrics
+
+    def unpaired_loss(self, idx: list[int], global_examples: float) -> tuple[torch.Tensor, dict]:
+        cfg = self.config
+        b = len(idx)
+        tok, mask = sequence_token_logps(
+            self.model, [self.examples[i].example for i in idx] + [self.kl_examples[i] for i in idx],
+            row_tokens=cfg.data.pack_length, pad_token_id=self.tokenizer.pad_token_id)
+        logps = sequence_logprobs(tok, mask, average=False)
+        ref = self.ref["train"][idx].to(logps.device)
+        desirable = torch.tensor([self.examples[i].desirable for i in idx], device=logps.device)
+        loss, metrics = UNPAIRED_LOSSES.get("kto")(logps[:b], ref[:, 0], desirable, logps[b:], ref[:, 1],
+                                                   **cfg.hparams())
+        metrics["rewards/margin"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+        return loss * b / global_examples, metrics
+
+    def training_step(self) -> dict[str, Any]:
+        groups = self.schedule.for_step(self.step)
+        denominator = self.global_count(sum(len(g) for g in groups))
+        fn = self.unpaired_loss if self.config.unpaired else self.paired_loss
+        return self.optimizer_step(groups, lambda g: fn(g, denominator))
+
+    # ---- evaluation -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def preference_figures(self) -> dict[str, float]:
+        """Held-out implicit-reward accuracy and margin."""
+        if self.eval_pairs:
+            chosen = self.sequence_logps([p.chosen for p in self.eval_pairs])
+            rejected = self.sequence_logps([p.rejected for p in self.eval_pairs])
+            if self.config.needs_reference:
+                r_c = self.beta * (chosen - self.ref["eval_chosen"])
+                r_r = self.beta * (rejected - self.ref["eval_rejected"])
+            else:  # the loss's own reward: SimPO's β·mean log π, ORPO's log odds
+                lengths = torch.tensor([[p.chosen.num_loss_tokens, p.rejected.num_loss_tokens]
+                                        for p in self.eval_pairs], dtype=torch.float)
+                _, metrics = self.loss(PreferenceInputs(chosen, rejected, chosen_lengths=lengths[:, 0],
+                                                        rejected_lengths=lengths[:, 1]))
+                prefix = f"{self.config.loss_names[0]}/" if isinstance(self.config.loss, dict) else ""
+                return {"implicit_accuracy": float(metrics[f"{prefix}rewards/accuracy"]),
+                        "implicit_margin": float(metrics[f"{prefix}rewards/margin"])}
+            return {"implicit_accuracy": float((r_c > r_r).float().mean()), "implicit_margin": float((r_c - r_r).mean()),
+                    "rewards/chosen": float(r_c.mean()), "rewards/rejected": float(r_r.mean())}
+        if self.eval_unpaired:
+            rewards = self.beta * (self.sequence_logps([u.example for u in self.eval_unpaired])
+                                   - self.ref["eval_unpaired"])
+            desirable = torch.tensor([u.desirable for u in self.eval_unpaired])
+            good, bad = rewards[desirable].mean(), rewards[~desirable].mean()
+            return {"rewards/desirable": float(good), "rewards/undesirable": float(bad),
+                    "implicit_margin": float(good - bad)}
+        return {}
+
+    def evaluate(self) -> dict[str, float]:
+        figures = self.preference_figures()
+        figures.update(super().evaluate())
+        return figures
+
+
+# ---- the one-call API and the stage ----------------------------------------------------------------
+
+
+def train_dpo(config: DPOConfig | dict, *, out: str | Path, model: Any = None, tokenizer: Any = None,
+              dataset: Any = None, eval_dataset: Any = None, resume: bool = False) -> dict[str, float]:
+    """Offline preference optimisation (DPO and relatives, or KTO with ``loss: kto``).
+
+    ``model``: None (``config.model``), a path / hub id, or a loaded causal LM with its
+    ``tokenizer``. ``dataset`` / ``eval_dataset``: preference pairs (or unpaired records for KTO)
+    as a file, list of dicts or ``datasets.Dataset``, replacing ``config.data``. Pairs whose
+    chosen equals their rejected, and records with an empty completion, are dropped and counted.
+    Writes the policy to ``out/<stage>`` and returns the held-out figures.
+    """
+    from tether.models import load_model
+
+    cfg = config if isinstance(config, DPOConfig) else DPOConfig.model_validate(config)
+    if model is None or isinstance(model, str | Path):
+        m = cfg.model
+        model, tokenizer = load_model(str(model or m.name_or_path), dtype=m.dtype, device=m.device, seed=m.seed,
+                                      lora=m.lora.model_dump() if m.lora else None,
+                                      trust_remote_code=m.trust_remote_code,
+                                      attn_implementation=m.attn_implementation)
+    elif tokenizer is None:
+        raise ValueError("pass the tokenizer together with a loaded model")
+    records = held = None
+    dropped: dict[str, int] = {}
+    if dataset is not None:
+        records, dropped = load_pair_records(dataset, cfg.data.format)
+    if eval_dataset is not None:
+        held, eval_dropped = load_pair_records(eval_dataset, None)
+        dropped = {k: dropped.get(k, 0) + v for k, v in eval_dropped.items()}
+    trainer = PreferenceTrainer(cfg, model, tokenizer, out, records=records, eval_records=held, dropped=dropped,
+                                stage=cfg.name or cfg.type)
+    results = trainer.train(resume=resume)
+    trainer.finish()
+    return results
+
+
+@register_stage("dpo", DPOConfig, "offline preference optimisation: DPO, IPO, cDPO, hinge, RPO, SimPO, ORPO, "
+                                  "SPPO, KTO, WPO")
+def run_dpo(cfg: DPOConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    return train_dpo(cfg, out=run_dir, resume=resume)

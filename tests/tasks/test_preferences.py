@@ -1,0 +1,120 @@
+"""Synthetic preference / stepwise data: labels known exactly, held-out split disjoint."""
+
+import random
+import re
+
+import pytest
+
+from tether.data import validate_records
+from tether.tasks import get_task
+from tether.tasks.base import extract_answer
+from tether.tasks.preferences import (
+    completion_steps,
+    preference_records,
+    split_pairs,
+    stepwise_records,
+    unpaired_records,
+    wrong_addition,
+)
+
+TASK = get_task("arithmetic", digits=3)
+
+
+def column_sums_ok(completion: str) -> bool:
+    """Every written column ``x+y(+c)=t cK`` is right, and the carries chain into the answer."""
+    steps = completion_steps(completion)
+    carry = 0
+    digits = []
+    for step in steps[:-1]:
+        m = re.fullmatch(r"(?:<think>)?(\d)\+(\d)(?:\+(\d))?=(\d+) c(\d)", step)
+        x, y, c, total, k = int(m[1]), int(m[2]), int(m[3] or 0), int(m[4]), int(m[5])
+        if c != carry or x + y + c != total or k != total // 10:
+            return False
+        carry, digits = k, [*digits, total % 10]
+    answer = int("".join(map(str, reversed(digits)))) + carry * 10 ** len(digits)
+    return steps[-1] == f"</think>{answer}"
+
+
+def test_wrong_addition_by_hand():
+    # 47+85: columns 7+5=12 c1, 4+8+1=13 c1 -> 132. Every error kind changes the answer and
+    # the first wrong step is where the trace first departs from the correct one.
+    correct = ["7+5=12 c1", "4+8+1=13 c1", "132"]
+    kinds = set()
+    for seed in range(40):
+        steps, bad = wrong_addition(47, 85, random.Random(seed))
+        assert steps[:bad] == correct[:bad] and steps[bad] != correct[bad]
+        assert steps[-1] != "132"
+        if bad == 2:
+            kinds.add("answer")
+        elif "+1" not in steps[1] and bad == 1:
+            kinds.add("dropped_carry")
+            assert steps[1:] == ["4+8=12 c1", "122"]
+        else:
+            kinds.add("slip")
+    assert kinds == {"answer", "dropped_carry", "slip"}
+
+
+def test_correctness_pairs():
+    records = preference_records(TASK, 300, seed=1)
+    validate_records(records, "preference", "<gen>")
+    for r in records:
+        assert r["chosen"] != r["rejected"]
+        answer = str(eval(r["prompt"][:-1]))
+        assert TASK.verify(r["chosen"], answer) == 1.0
+        assert TASK.verify(r["rejected"], answer) == 0.0
+        assert column_sums_ok(r["chosen"])
+
+
+def test_style_pairs_are_both_correct_and_chosen_is_shorter():
+    for r in preference_records(TASK, 100, kind="style"):
+        answer = str(eval(r["prompt"][:-1]))
+        assert extract_answer(r["chosen"]) == answer
+        assert r["rejected"].rstrip(".").endswith(answer) and len(r["rejected"]) > len(r["chosen"])
+    kinds = [r["kind"] for r in preference_records(TASK, 10, kind="mixed")]
+    assert kinds == ["correctness", "style"] * 5
+
+
+def test_train_and_eval_pairs_never_share_a_problem():
+    train = {r["prompt"] for r in preference_records(TASK, 500, split="train")}
+    held = {r["prompt"] for r in preference_records(TASK, 200, split="eval")}
+    assert len(train) == 500 and len(held) == 200 and not train & held
+
+
+def test_stepwise_labels():
+    records = stepwise_records(TASK, 400, wrong_fraction=0.5)
+    validate_records(records, "stepwise", "<gen>")
+    wrong = 0
+    for r in records:
+        labels = r["labels"]
+        completion = "|".join(r["steps"])
+        assert completion.startswith("<think>") and "|</think>" in completion
+        # once a step is wrong every later one is: labels are 1...1 0...0
+        assert labels == sorted(labels, reverse=True)
+        assert all(labels) == column_sums_ok(completion)
+        wrong += not all(labels)
+    assert 150 < wrong < 250
+    assert all(all(r["labels"]) for r in stepwise_records(TASK, 50, wrong_fraction=0.0))
+
+
+@pytest.mark.parametrize("operators", ["-", "*"])
+def test_other_operators_get_a_wrong_step(operators):
+    task = get_task("arithmetic", digits=2, operators=operators)
+    for r in stepwise_records(task, 50, wrong_fraction=1.0):
+        assert 0 in r["labels"] and r["labels"][-1] == 0
+    for r in preference_records(task, 50):
+        assert task.verify(r["rejected"], str(eval(r["prompt"][:-1]))) == 0.0
+
+
+def test_unpaired_split():
+    pairs = preference_records(TASK, 3)
+    unpaired = split_pairs(pairs)
+    assert [u["label"] for u in unpaired] == [True, False] * 3
+    assert unpaired[1]["completion"] == pairs[0]["rejected"]
+    assert len(unpaired_records(TASK, 5)) == 5
+    validate_records(unpaired, "unpaired", "<gen>")
+
+
+def test_chat_pairs():
+    r = preference_records(TASK, 1, chat=True)[0]
+    assert r["prompt"][0]["role"] == "user" and r["chosen"][0]["role"] == "assistant"
+    validate_records([r], "preference", "<gen>")
