@@ -110,7 +110,7 @@ def train_grpo(config: Any, *, out: str | Path, model: Any = None, tokenizer: An
     if dataset is not None:
         from tether.data import load_records
 
-        records = load_records(dataset, "prompt_answer")
+        records = load_records(dataset)
     trainer = RLTrainer(cfg, model, tokenizer, out, records=records, reward_functions=reward_functions,
                         stage=cfg.name or cfg.type)
     results = trainer.train(resume=resume)

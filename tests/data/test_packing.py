@@ -192,7 +192,7 @@ def test_shuffling_is_deterministic_by_seed_and_epoch():
 
 def test_make_batches_argument_errors():
     examples = fake_examples([3, 3])
-    with pytest.raises(ValueError, match="give batch_tokens and not batch_size"):
+    with pytest.raises(ValueError, match="packing needs batch_tokens"):
         make_batches(examples, batch_size=2, packing=True)
     with pytest.raises(ValueError, match="exactly one of batch_size and batch_tokens"):
         make_batches(examples)
@@ -205,3 +205,15 @@ def test_padded_token_budget():
     batches = make_batches(examples, batch_tokens=10, seed=0)
     assert all(b["input_ids"].numel() <= 10 for b in batches)
     assert sorted(i for b in batches for i in ids_in(b)) == list(range(6))
+
+
+def test_packed_rows_mode_fixes_examples_per_batch_and_keeps_the_loss():
+    """packing + batch_size: each micro-batch has batch_size examples in rows of <= batch_tokens."""
+    examples = fake_examples([5, 5, 2, 9, 1, 4, 7, 3])
+    batches = make_batches(examples, batch_size=4, batch_tokens=10, packing=True, seed=0, pad_token_id=99)
+    assert [b["num_sequences"] for b in batches] == [4, 4]
+    assert all(b["input_ids"].shape[1] <= 10 for b in batches)
+    assert sum(b["num_tokens"] for b in batches) == sum(len(e) for e in examples)
+    for b in batches:  # trailing pads restart positions and carry no loss
+        pads = b["input_ids"] == 99
+        assert (b["labels"][pads] == -100).all()

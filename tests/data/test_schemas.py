@@ -18,6 +18,7 @@ ROWS = {
     "unpaired": {"prompt": "2+2=", "completion": "4", "label": True},
     "prompt_answer": {"prompt": "2+2=", "answer": "4", "difficulty": 1},
     "stepwise": {"prompt": "2+2=", "steps": ["2+2", "=4"], "labels": [1, 1]},
+    "prompt": {"prompt": "2+2=", "source": "gsm"},
 }
 
 

@@ -82,3 +82,14 @@ def test_bad_options():
         get_task("arithmetic", operators="/")
     with pytest.raises(KeyError, match="valid names: arithmetic"):
         get_task("no-such-task")
+
+
+def test_worked_pretraining_text_has_the_algorithm_but_no_tags():
+    task = get_task("arithmetic", digits=2, pretrain_format="worked")
+    text = pretrain_records(task, 1, seed=0)[0]["text"]
+    assert " so " in text and "|" in text and "<think>" not in text
+    prompt, _, rest = text.partition(": ")
+    a, b = prompt.split("+")
+    assert rest.endswith(f"so {int(a) + int(b)}")
+    with pytest.raises(ValueError, match="pretrain_format"):
+        get_task("arithmetic", pretrain_format="nope")

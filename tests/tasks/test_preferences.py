@@ -41,17 +41,30 @@ def test_wrong_addition_by_hand():
     correct = ["7+5=12 c1", "4+8+1=13 c1", "132"]
     kinds = set()
     for seed in range(40):
-        steps, bad = wrong_addition(47, 85, random.Random(seed))
+        steps, bad, kind = wrong_addition(47, 85, random.Random(seed))
         assert steps[:bad] == correct[:bad] and steps[bad] != correct[bad]
         assert steps[-1] != "132"
-        if bad == 2:
-            kinds.add("answer")
-        elif "+1" not in steps[1] and bad == 1:
-            kinds.add("dropped_carry")
-            assert steps[1:] == ["4+8=12 c1", "122"]
-        else:
-            kinds.add("slip")
+        kinds.add(kind)
+        if kind == "answer":
+            assert bad == 2 and steps[-1] in ("131", "133")
+        elif kind == "dropped_carry":
+            assert bad == 1 and steps[1:] == ["4+8=12 c1", "122"]
+        else:  # a column total off by one, carried through: 7+5=11 c1 -> 121, or 7+5=13 -> 4+8+1=13 -> 133
+            assert steps[bad].split("=")[1] != correct[bad].split("=")[1]
     assert kinds == {"answer", "dropped_carry", "slip"}
+    # only the allowed kinds; dropped_carry falls back to answer when there is no carry
+    assert {wrong_addition(47, 85, random.Random(s), ["answer"])[2] for s in range(10)} == {"answer"}
+    assert wrong_addition(12, 34, random.Random(0), ["dropped_carry"])[2] == "answer"
+
+
+def test_errors_option():
+    records = preference_records(TASK, 200, errors=["answer", "dropped_carry"])
+    assert {r["error"] for r in records} == {"answer", "dropped_carry"}
+    for r in records:
+        if r["error"] == "answer":  # the trace is intact
+            assert r["chosen"].split("</think>")[0] == r["rejected"].split("</think>")[0]
+    with pytest.raises(ValueError, match="errors"):
+        preference_records(TASK, 2, errors=["typo"])
 
 
 def test_correctness_pairs():

@@ -146,3 +146,20 @@ def test_reward_errors_scored_zero_and_counted(tmp_path):
     t = trainer(tmp_path, config("grpo", reward_on_error="zero"), rewards=(flaky,))
     metrics = t.training_step()
     assert "reward/flaky/errors" in metrics
+
+
+def test_prompt_template_reaches_the_model_and_the_rewards(tmp_path):
+    seen = []
+
+    def record_prompts(prompts, completions, **columns):
+        seen.extend(prompts)
+        return [0.0] * len(completions)
+
+    cfg = config("dr_grpo", data={"task": {"name": "arithmetic", "n": 8}, "prompt_template": "Q: {prompt}<think>"},
+                 train={"max_steps": 1, "batch_size": 2, "progress": False})
+    t = trainer(tmp_path, cfg, rewards=(record_prompts,))
+    t.training_step()
+    assert all(p.startswith("Q: ") and p.endswith("<think>") for p in seen)
+    assert t.tokenizer.decode(t.prompt_ids[0]).endswith("<think>")
+    with pytest.raises(ValueError, match="must contain"):
+        config(data={"task": {"name": "arithmetic"}, "prompt_template": "no placeholder"})

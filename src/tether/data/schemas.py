@@ -188,6 +188,13 @@ def _validate_prompt_answer(row: dict) -> dict:
     return {"prompt": prompt, "answer": answer, **_extras(row, ["prompt", "answer"])}
 
 
+@FORMATS.register("prompt")
+def _validate_prompt(row: dict) -> dict:
+    """Prompts alone (generation, or RL scored by a reward model / judge); extra columns kept."""
+    prompt = _text_or_messages(_require(row, "prompt"), "prompt")
+    return {"prompt": prompt, **_extras(row, ["prompt"])}
+
+
 @FORMATS.register("stepwise")
 def _validate_stepwise(row: dict) -> dict:
     prompt = _text_or_messages(_require(row, "prompt"), "prompt")
@@ -279,6 +286,7 @@ _SIGNATURES: list[tuple[str, tuple[str, ...]]] = [
     ("chat", ("messages",)),
     ("prompt_answer", ("prompt", "answer")),
     ("text", ("text",)),
+    ("prompt", ("prompt",)),
 ]
 
 

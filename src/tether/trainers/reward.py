@@ -64,6 +64,9 @@ class PreferenceTaskSource(StrictModel):
     seed: int = 0
     kind: Literal["correctness", "style", "mixed", "stepwise"] | None = Field(
         None, description="pairs (correctness / style / mixed) or stepwise traces; default by stage")
+    errors: list[Literal["slip", "dropped_carry", "answer"]] = Field(
+        default_factory=lambda: list(synthetic.ERRORS), min_length=1,
+        description="kinds of mistake in wrong completions / steps (tether.tasks.preferences.wrong_addition)")
     wrong_fraction: float = Field(0.5, ge=0, le=1, description="stepwise: share of traces with a wrong step")
     chat: bool = False
 
@@ -237,7 +240,7 @@ def pair_data(data: PairDataConfig, *, kind: str, format: str | None, unpaired: 
     source = data.task
     task = get_task(source.name, **source.options)
     kind = source.kind or kind
-    common = {"seed": source.seed}
+    common = {"seed": source.seed, "errors": source.errors}
     if kind == "stepwise":
         def make(n: int, split: str) -> list[dict]:
             return synthetic.stepwise_records(task, n, split=split, wrong_fraction=source.wrong_fraction, **common)
@@ -382,12 +385,12 @@ class RewardModelTrainer(Trainer):
 
     def __init__(self, config: RewardModelConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path,
                  *, records: list[dict] | None = None, eval_records: list[dict] | None = None,
-                 stage: str | None = None) -> None:
+                 dropped: dict[str, int] | None = None, stage: str | None = None) -> None:
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
         set_reward_info(model, process=cfg.process, step_separator=cfg.step_separator, aggregation=cfg.aggregation)
         fmt = "stepwise" if cfg.process else "preference"
-        counts: dict[str, int] = {}
+        counts: dict[str, int] = dict(dropped or {})
         if records is None:
             records, default_eval, counts = pair_data(cfg.data, kind=fmt if cfg.process else "correctness",
                                                       format=fmt)
@@ -510,9 +513,14 @@ def train_reward_model(config: RewardModelConfig | dict, *, out: str | Path, mod
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with a loaded model")
     fmt = "stepwise" if cfg.process else "preference"
-    records = load_pair_records(dataset, fmt)[0] if dataset is not None else None
-    held = load_pair_records(eval_dataset, fmt)[0] if eval_dataset is not None else None
-    trainer = RewardModelTrainer(cfg, model, tokenizer, out, records=records, eval_records=held,
+    records = held = None
+    dropped: dict[str, int] = {}
+    if dataset is not None:
+        records, dropped = load_pair_records(dataset, fmt)
+    if eval_dataset is not None:
+        held, eval_dropped = load_pair_records(eval_dataset, fmt)
+        dropped = {k: dropped.get(k, 0) + v for k, v in eval_dropped.items()}
+    trainer = RewardModelTrainer(cfg, model, tokenizer, out, records=records, eval_records=held, dropped=dropped,
                                  stage=cfg.name or cfg.type)
     results = trainer.train(resume=resume)
     trainer.finish()

@@ -175,7 +175,7 @@ class GRPOConfig(StageConfig):
 
 def rl_prompt_records(data: RLDataConfig) -> list[dict]:
     if data.path is not None:
-        return load_records(data.path, "prompt_answer")
+        return load_records(data.path)  # prompt_answer rows, or prompts alone for RM / judge rewards
     source = data.task
     return rl_records(get_task(source.name, **source.options), source.n, seed=source.seed)
 

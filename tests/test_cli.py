@@ -1,0 +1,97 @@
+"""The command line end to end on trivial sizes: artefacts, skip-on-rerun, errors, eval, generate."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tether.cli import app
+
+runner = CliRunner()
+QUICK = ["*.train.max_steps=2", "*.train.batch_size=4", "*.eval.n=4", "*.eval.max_new_tokens=8",
+         "pretrain.data.task.n=32", "sft.data.task.n=32"]
+
+
+def test_run_writes_the_run_directory_and_skips_finished_stages(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK])
+    assert result.exit_code == 0, result.output
+    for name in ("config.yaml", "metrics.jsonl", "results.json", "pretrain/model.safetensors",
+                 "sft/model.safetensors", "sft/stage.json", "sft/tokenizer.json"):
+        assert (out / name).exists(), name
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"pretrain", "sft"} and "accuracy" in results["sft"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["stage"] for r in rows} == {"pretrain", "sft"} and all("step" in r for r in rows)
+    assert "held-out accuracy" in result.output
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(out / "sft")
+    AutoTokenizer.from_pretrained(out / "sft")
+
+    before = (out / "metrics.jsonl").read_text()
+    again = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK])
+    assert again.exit_code == 0, again.output
+    assert (out / "metrics.jsonl").read_text() == before  # both stages skipped
+
+
+def test_bad_override_is_a_clear_error(tmp_path):
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(tmp_path), "sft.train.max_stepz=3"])
+    assert result.exit_code == 2
+    assert "max_stepz" in result.output and "max_steps" in result.output
+
+
+def test_broken_dataset_fails_with_file_row_and_field(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "completion": "2"}\n{"prompt": "", "completion": "3"}\n')
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"model: {{name_or_path: tether/tiny}}\ndata: {{path: {data}}}\n"
+                      "train: {max_steps: 1, batch_size: 1}\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sft", "--config", str(config), "--out", str(out)])
+    assert result.exit_code != 0
+    message = str(result.exception) + result.output
+    assert "train.jsonl" in message and "line 2" in message and "prompt" in message
+    assert not (out / "sft" / "stage.json").exists()
+    assert not (out / "results.json").exists()
+
+
+def test_eval_and_generate(tmp_path):
+    from tether.models import save_tiny
+
+    model = save_tiny(tmp_path / "tiny")
+    result = runner.invoke(app, ["eval", "--model", str(model), "--n", "4", "--max-new-tokens", "4", "-k", "2",
+                                 "--out", str(tmp_path / "eval.json")])
+    assert result.exit_code == 0, result.output
+    figures = json.loads((tmp_path / "eval.json").read_text())
+    assert {"accuracy", "pass@2"} <= set(figures)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "1+1="}\n{"prompt": "2+3="}\n')
+    result = runner.invoke(app, ["generate", "--model", str(model), "--prompts", str(prompts), "--n", "3",
+                                 "--max-new-tokens", "4", "--out", str(tmp_path / "gen.jsonl"), "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "gen.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and {r["prompt_id"] for r in rows} == {0, 1}
+    assert {"completion", "tokens", "finish_reason", "sample"} <= set(rows[0])
+
+
+def test_recipes_lists_the_default():
+    result = runner.invoke(app, ["recipes"])
+    assert result.exit_code == 0 and "r1-arithmetic" in result.output and "(default)" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "stage", "threshold"), [("sft-arithmetic", "sft", 0.8)])
+def test_recipe_reaches_its_figure(tmp_path, recipe, stage, threshold):
+    result = runner.invoke(app, ["run", recipe, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "results.json").read_text())[stage]["accuracy"] >= threshold
+
+
+@pytest.mark.slow
+def test_r1_recipe_grpo_beats_sft_by_ten_points(tmp_path):
+    result = runner.invoke(app, ["run", "r1-arithmetic", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["grpo"]["accuracy"] >= results["sft"]["accuracy"] + 0.10

@@ -1,0 +1,122 @@
+"""Reward-model trainer: Bradley-Terry pairwise accuracy and margin rise; the PRM learns step labels."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from tether.core.reward import bradley_terry_loss
+from tether.data import DataError
+from tether.models.reward_model import build_tiny_reward_model, reward_info
+from tether.tasks import get_task
+from tether.tasks.preferences import preference_records, stepwise_records
+from tether.trainers.reward import RewardModelConfig, RewardModelTrainer, load_pair_records, train_reward_model
+
+torch.set_num_threads(1)
+TASK = get_task("arithmetic", digits=2)
+PAIRS = preference_records(TASK, 32, kind="style")
+STEPS = stepwise_records(TASK, 32, wrong_fraction=0.5)
+
+
+def make_config(process=False, **train):
+    base = {"max_steps": 12, "batch_size": 8, "log_every": 1, "progress": False, "seed": 0}
+    base.update(train)
+    return RewardModelConfig(name="rm", process=process, step_separator="|",
+                             data={"task": {"n": 8}, "pack_length": 256}, train=base,
+                             optim={"lr": 3e-3, "schedule": "constant"}, report_to=[])
+
+
+def make_trainer(tmp_path, name="run", *, process=False, records=None, model=None, **train):
+    if model is None:
+        model, _ = build_tiny_reward_model(seed=0)
+    _, tok = build_tiny_reward_model()
+    records = records if records is not None else (STEPS if process else PAIRS)
+    return RewardModelTrainer(make_config(process, **train), model, tok, tmp_path / name, records=records,
+                              eval_records=records)
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_bradley_terry_raises_pairwise_accuracy_and_margin(tmp_path):
+    trainer = make_trainer(tmp_path)
+    before = trainer.evaluate()
+    after = trainer.train()
+    assert after["margin"] > before["margin"] + 1.0, (before, after)
+    assert after["pairwise_accuracy"] >= 0.9 > before["pairwise_accuracy"]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "accuracy" in r]
+    assert {"margin", "rewards/mean", "rewards/std", "loss", "grad_norm"} <= set(train_rows[0])
+
+
+def test_process_rm_learns_step_labels(tmp_path):
+    trainer = make_trainer(tmp_path, process=True, max_steps=15)
+    before = trainer.evaluate()
+    after = trainer.train()
+    assert after["step_bce"] < 0.8 * before["step_bce"], (before, after)
+    assert after["step_accuracy"] > 0.7
+    assert set(after) >= {"step_accuracy", "step_bce", "trajectory_accuracy"}
+
+
+def test_loss_uses_the_global_pair_count_and_margin_column(tmp_path):
+    records = [dict(r, margin=0.5 * i) for i, r in enumerate(PAIRS)]
+    trainer = make_trainer(tmp_path, records=records)
+    group = [trainer.examples[i] for i in trainer.schedule.for_step(0)[0]]
+    loss, _ = trainer.outcome_loss(group, global_pairs=2 * len(group))  # half of a two-micro-batch step
+    chosen, rejected = trainer.pair_rewards(group)
+    expected, _ = bradley_terry_loss(chosen, rejected, margin=torch.tensor([p.margin for p in group]))
+    assert torch.allclose(loss, expected / 2, atol=1e-6)
+
+
+def test_identical_and_empty_pairs_are_dropped_and_counted(tmp_path):
+    bad = [*PAIRS[:16], {"prompt": "1+1=", "chosen": "2", "rejected": "2"},
+           {"prompt": "1+2=", "chosen": "3", "rejected": "  "}]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in bad))
+    results = train_reward_model(make_config(max_steps=1).model_dump(), out=tmp_path / "out",
+                                 model=build_tiny_reward_model()[0], tokenizer=build_tiny_reward_model()[1],
+                                 dataset=str(path), eval_dataset=PAIRS[16:24])
+    assert results["data/dropped_identical"] == 1 and results["data/dropped_empty"] == 1
+    first = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and first["data/dropped_identical"] == 1
+
+
+def test_missing_field_names_file_line_and_field(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    rows = [PAIRS[0], {"prompt": "1+1=", "chosen": "2", "rejected": "2"}, {"prompt": "x", "chosen": "y"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"pairs\.jsonl, line 3.*'rejected'"):
+        load_pair_records(str(path), "preference")
+    # rows of a list keep their original numbers past a dropped row
+    with pytest.raises(DataError, match=r"row 3, field 'rejected'"):
+        load_pair_records(rows, "preference")
+
+
+def test_export_reloads_as_a_sequence_classifier(tmp_path):
+    trainer = make_trainer(tmp_path, process=True, max_steps=2)
+    trainer.train()
+    trainer.finish()
+    reloaded = AutoModelForSequenceClassification.from_pretrained(trainer.stage_dir)
+    assert torch.equal(flat(reloaded), flat(trainer.model))
+    assert reward_info(reloaded) == {"process": True, "step_separator": "|", "aggregation": "min"}
+
+
+def test_resume_reproduces_uninterrupted_run(tmp_path):
+    full = make_trainer(tmp_path, "full", max_steps=6)
+    full.train()
+    first = make_trainer(tmp_path, "split", max_steps=3, save_every=3)
+    first.train()
+    resumed = make_trainer(tmp_path, "split", max_steps=6, save_every=3, model=build_tiny_reward_model(seed=1)[0])
+    resumed.train(resume=True)
+    assert torch.equal(flat(full.model), flat(resumed.model))
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="aggregation"):
+        RewardModelConfig(aggregation="median")
+    with pytest.raises(ValueError, match="stepwise"):
+        RewardModelConfig(process=True, data={"task": {"kind": "correctness"}})
+    with pytest.raises(ValueError, match="held-out pairs"):
+        RewardModelConfig(eval={"task": "arithmetic"})
