@@ -95,3 +95,20 @@ def test_r1_recipe_grpo_beats_sft_by_ten_points(tmp_path):
     assert result.exit_code == 0, result.output
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["grpo"]["accuracy"] >= results["sft"]["accuracy"] + 0.10
+
+
+def test_grpo_command_takes_a_preset_override(tmp_path):
+    config = tmp_path / "grpo.yaml"
+    config.write_text("model: {name_or_path: tether/tiny}\n"
+                      "data: {task: {name: arithmetic, n: 8}}\n"
+                      "rollout: {group_size: 2, max_new_tokens: 4}\n"
+                      "train: {max_steps: 1, batch_size: 2}\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["grpo", "--config", str(config), "--out", str(out), "algorithm=rloo"])
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    resolved = yaml.safe_load((out / "config.yaml").read_text())["stages"][0]
+    assert resolved["algorithm"] == "rloo"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("reward/total/mean" in r for r in rows)

@@ -19,6 +19,22 @@ PAIRS = preference_records(TASK, 32, kind="style")
 STEPS = stepwise_records(TASK, 32, wrong_fraction=0.5)
 
 
+def marked_steps(n, seed=0):
+    """Traces whose first wrong step is marked with "?": every step from it on is labelled 0."""
+    import random
+
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        steps = [f"{rng.randint(10, 99)}" for _ in range(4)]
+        bad = rng.choice([None, 0, 1, 2, 3])
+        if bad is not None:
+            steps[bad] += "?"
+        records.append({"prompt": "go:", "steps": steps,
+                        "labels": [int(bad is None or i < bad) for i in range(4)]})
+    return records
+
+
 def make_config(process=False, **train):
     base = {"max_steps": 12, "batch_size": 8, "log_every": 1, "progress": False, "seed": 0}
     base.update(train)
@@ -52,12 +68,14 @@ def test_bradley_terry_raises_pairwise_accuracy_and_margin(tmp_path):
 
 
 def test_process_rm_learns_step_labels(tmp_path):
-    trainer = make_trainer(tmp_path, process=True, max_steps=15)
+    # the score after each step must say whether any step so far was wrong (the PRM labelling)
+    trainer = make_trainer(tmp_path, process=True, records=marked_steps(64), max_steps=15)
     before = trainer.evaluate()
     after = trainer.train()
-    assert after["step_bce"] < 0.8 * before["step_bce"], (before, after)
-    assert after["step_accuracy"] > 0.7
-    assert set(after) >= {"step_accuracy", "step_bce", "trajectory_accuracy"}
+    assert after["step_bce"] < 0.5 * before["step_bce"], (before, after)
+    assert after["step_accuracy"] > 0.9 and after["trajectory_accuracy"] > 0.9
+    # stepwise arithmetic records go through the same path
+    make_trainer(tmp_path, "arith", process=True, max_steps=1).train()
 
 
 def test_loss_uses_the_global_pair_count_and_margin_column(tmp_path):

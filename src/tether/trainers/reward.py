@@ -397,8 +397,7 @@ class RewardModelTrainer(Trainer):
             eval_records = default_eval if eval_records is None else eval_records
         self.examples, stats = self._tokenize(records)
         self.eval_examples, _ = self._tokenize(eval_records or [])
-        self.data_stats = {**{f"dropped_{k}": v for k, v in counts.items()},
-                           **{f"dropped_{k}": v for k, v in stats.items() if k != "truncated"}}
+        self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0) for k in ("identical", "empty", "overflow")}
         if not self.examples:
             raise ValueError(f"stage {self.stage!r}: no training examples left ({self.data_stats})")
         self.schedule = BatchSchedule(len(self.examples), batch_size=cfg.train.batch_size,
