@@ -10,7 +10,7 @@ def flat(model):
 
 
 def test_sizes_and_determinism():
-    tiny, tok = build_tiny("tiny", seed=0)
+    tiny, _ = build_tiny("tiny", seed=0)
     assert 0.5e6 < count_parameters(tiny) < 1.5e6
     assert torch.equal(flat(tiny), flat(build_tiny("tiny", seed=0)[0]))
     assert not torch.equal(flat(tiny), flat(build_tiny("tiny", seed=1)[0]))

@@ -80,9 +80,9 @@ def test_micro_batches_give_the_same_gradient(tmp_path):
         captured = {}
         original = t.optimizer.zero_grad
 
-        def capture(*a, _c=captured, _t=t, **k):
+        def capture(*a, _c=captured, _t=t, _original=original, **k):
             _c.setdefault("g", torch.cat([p.grad.flatten() for p in _t.model.parameters()]))
-            original(*a, **k)
+            _original(*a, **k)
 
         t.optimizer.zero_grad = capture
         t.training_step()

@@ -139,6 +139,11 @@ def paired_loss_fn(cfg: DPOConfig) -> Callable[[PreferenceInputs], tuple[torch.T
     return partial(PREFERENCE_LOSSES.get(cfg.loss), **cfg.hparams())
 
 
+def record_format(cfg: DPOConfig) -> str | None:
+    """``data.format``, else ``preference`` for paired losses; KTO detects pairs or unpaired records."""
+    return cfg.data.format or (None if cfg.unpaired else "preference")
+
+
 def loss_beta(cfg: DPOConfig) -> float:
     """β of the (first) configured loss: the implicit reward's scale."""
     if cfg.beta is not None:
@@ -222,7 +227,7 @@ class PreferenceTrainer(Trainer):
         cfg = self.config
         counts = dict(dropped or {})
         if records is None:
-            records, default_eval, counts = pair_data(cfg.data, kind="correctness", format=cfg.data.format,
+            records, default_eval, counts = pair_data(cfg.data, kind="correctness", format=record_format(cfg),
                                                       unpaired=cfg.unpaired)
             eval_records = default_eval if eval_records is None else eval_records
         records = self._fit_to_loss(records, "training")
@@ -475,9 +480,9 @@ def train_dpo(config: DPOConfig | dict, *, out: str | Path, model: Any = None, t
     records = held = None
     dropped: dict[str, int] = {}
     if dataset is not None:
-        records, dropped = load_pair_records(dataset, cfg.data.format)
+        records, dropped = load_pair_records(dataset, record_format(cfg))
     if eval_dataset is not None:
-        held, eval_dropped = load_pair_records(eval_dataset, None)
+        held, eval_dropped = load_pair_records(eval_dataset, None if cfg.unpaired else "preference")
         dropped = {k: dropped.get(k, 0) + v for k, v in eval_dropped.items()}
     trainer = PreferenceTrainer(cfg, model, tokenizer, out, records=records, eval_records=held, dropped=dropped,
                                 stage=cfg.name or cfg.type)

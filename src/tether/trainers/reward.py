@@ -15,7 +15,8 @@ step's last token). Step scores sigmoid(logit) are aggregated into a trajectory 
 ``STEP_AGGREGATIONS`` entry (``aggregation``, default ``min``) by the scorer.
 
 Held-out figures: pairwise accuracy, mean margin and reward mean / std (outcome); step accuracy,
-step BCE and trajectory accuracy (process).
+step BCE and trajectory accuracy (aggregated score > 0.5 against "every step good"), with the
+share of good steps and trajectories as their majority-class baselines (process).
 
 This module also holds the pair-data plumbing the offline preference trainer shares: configs
 for pair data, lenient loading that drops (and counts) identical or empty pairs, tokenisation
@@ -485,7 +486,10 @@ class RewardModelTrainer(Trainer):
         trajectory = aggregate(padded, mask) > 0.5
         return {"step_accuracy": float(((logits > 0).float() == labels).float().mean()),
                 "step_bce": float(F.binary_cross_entropy_with_logits(logits, labels)),
-                "trajectory_accuracy": float((trajectory == trajectory_good).float().mean())}
+                "trajectory_accuracy": float((trajectory == trajectory_good).float().mean()),
+                # the majority-class baselines these accuracies are to be read against
+                "step_good_fraction": float(labels.mean()),
+                "trajectory_good_fraction": float(trajectory_good.float().mean())}
 
 
 # ---- the one-call API and the stage --------------------------------------------------------------
