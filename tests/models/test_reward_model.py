@@ -54,7 +54,10 @@ def test_packed_scores_equal_the_padded_hf_forward():
         # several positions of one sequence, in order, equal the last-token score of each prefix
         steps = score_positions(model, [seqs[0]], [[1, 3, 4]], row_tokens=64, pad_token_id=0)
         one = [score_positions(model, [seqs[0][: k + 1]], [[k]], row_tokens=64, pad_token_id=0) for k in (1, 3, 4)]
+        unpacked = score_positions(model, seqs, [[len(s) - 1] for s in seqs], row_tokens=64, pad_token_id=0,
+                                   packing=False)
     assert torch.allclose(packed, padded, atol=1e-5)
+    assert torch.allclose(unpacked, padded, atol=1e-5)
     assert torch.allclose(steps, torch.cat(one), atol=1e-5)
 
 

@@ -147,3 +147,18 @@ def test_config_checks():
     assert not DPOConfig(loss="orpo").needs_reference
     with pytest.raises(ValueError, match="kto"):
         DPOConfig(loss={"kto": 1.0})
+
+
+def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path):
+    grads, losses = [], []
+    for packing in (True, False):
+        data = {"task": {"n": 8}, "pack_length": 96, "packing": packing}
+        trainer = make_trainer(tmp_path, f"p{packing}", data=data, max_steps=1)
+        trainer.prepare_reference(use_cache=False)
+        trainer.model.zero_grad()
+        loss, _ = trainer.paired_loss(trainer.schedule.for_step(0)[0], global_pairs=8)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    assert torch.allclose(losses[0], losses[1], atol=1e-6)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)

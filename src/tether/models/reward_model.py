@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
-from tether.data import pack_sequences, tokenize_prompt
+from tether.data import PackedSequences, pack_sequences, tokenize_prompt
 
 REWARD_INFO_KEY = "tether_reward"
 DEFAULT_INFO = {"process": False, "step_separator": "\n", "aggregation": "min"}
@@ -116,6 +116,27 @@ def set_reward_info(model: torch.nn.Module, *, process: bool, step_separator: st
             {"process": process, "step_separator": step_separator, "aggregation": aggregation})
 
 
+def layout_sequences(sequences: Sequence[Sequence[int]], *, packing: bool, row_tokens: int, pad_token_id: int
+                     ) -> tuple[PackedSequences, Tensor | None]:
+    """Sequences as model rows: packed padding-free (no attention mask), or one per row, right-padded.
+
+    Returns the rows (``rows[i]`` / ``starts[i]``: where sequence i begins) and the attention mask
+    of the padded layout (None when packed).
+    """
+    if packing:
+        return pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id), None
+    lengths = [len(s) for s in sequences]
+    width = max(lengths)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        input_ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    positions = torch.arange(width).expand(len(sequences), width).clone()
+    rows = PackedSequences(input_ids, positions, torch.arange(len(sequences)), torch.zeros(len(sequences), dtype=torch.long))
+    return rows, mask
+
+
 def token_scores(model: torch.nn.Module, input_ids: Tensor, position_ids: Tensor,
                  attention_mask: Tensor | None = None) -> Tensor:
     """The scalar head at every position: shape (R, L) from ``input_ids`` of shape (R, L).
@@ -131,8 +152,9 @@ def token_scores(model: torch.nn.Module, input_ids: Tensor, position_ids: Tensor
 
 
 def score_positions(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
-                    positions: Sequence[Sequence[int]], *, row_tokens: int, pad_token_id: int) -> Tensor:
-    """Head outputs at the given positions of each sequence, in one packed forward pass.
+                    positions: Sequence[Sequence[int]], *, row_tokens: int, pad_token_id: int,
+                    packing: bool = True) -> Tensor:
+    """Head outputs at the given positions of each sequence, in one forward pass (packed by default).
 
     Args:
         sequences: N token-id lists.
@@ -144,12 +166,13 @@ def score_positions(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
     if len(sequences) != len(positions):
         raise ValueError(f"{len(sequences)} sequences but {len(positions)} position lists")
     device = next(model.parameters()).device
-    packed = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
-    scores = token_scores(model, packed.input_ids.to(device), packed.position_ids.to(device))
+    rows, mask = layout_sequences(sequences, packing=packing, row_tokens=row_tokens, pad_token_id=pad_token_id)
+    scores = token_scores(model, rows.input_ids.to(device), rows.position_ids.to(device),
+                          None if mask is None else mask.to(device))
     counts = torch.tensor([len(p) for p in positions])
-    rows = packed.rows.repeat_interleave(counts)
-    cols = packed.starts.repeat_interleave(counts) + torch.tensor([q for p in positions for q in p], dtype=torch.long)
-    return scores[rows.to(scores.device), cols.to(scores.device)]
+    row = rows.rows.repeat_interleave(counts)
+    cols = rows.starts.repeat_interleave(counts) + torch.tensor([q for p in positions for q in p], dtype=torch.long)
+    return scores[row.to(scores.device), cols.to(scores.device)]
 
 
 def split_steps(completion: str, separator: str) -> list[str]:

@@ -47,7 +47,8 @@ from tether.core.preference import (
     mixed_preference_loss,
     wpo_weights,
 )
-from tether.data import DataError, TokenizedExample, pack_sequences, tokenize_sft
+from tether.data import DataError, TokenizedExample, tokenize_sft
+from tether.models.reward_model import layout_sequences
 from tether.pipeline import register_stage
 from tether.tasks.preferences import split_pairs
 from tether.trainers.loop import Trainer
@@ -157,15 +158,16 @@ def loss_beta(cfg: DPOConfig) -> float:
 
 
 def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
-                         pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of each example's loss tokens, from one packed forward pass.
+                         pad_token_id: int, packing: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each example's loss tokens, from one forward pass (packed by default).
 
     Returns ``(token_logps, mask)``, both shape (N, T) with T the longest example minus one:
     ``token_logps[i, t] = log π(x_{t+1} | x_{<=t})`` of example i where ``mask[i, t]`` (its
     label at t+1 is a loss token), 0 elsewhere.
     """
     device = next(model.parameters()).device
-    packed = pack_sequences([e.input_ids for e in examples], row_tokens=row_tokens, pad_token_id=pad_token_id)
+    packed, attention_mask = layout_sequences([e.input_ids for e in examples], packing=packing,
+                                              row_tokens=row_tokens, pad_token_id=pad_token_id)
     lengths = torch.tensor([len(e) for e in examples])
     width = int(lengths.max()) - 1
     targets = torch.full((len(examples), width), -100, dtype=torch.long)
@@ -178,6 +180,8 @@ def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExa
     labels = torch.full_like(packed.input_ids, -100)
     labels[rows[valid], cols[valid]] = targets[valid]
     inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in packed.model_inputs().items()}
+    if attention_mask is not None:
+        inputs["attention_mask"] = attention_mask.to(device)
     logits = model(**inputs).logits
     token_logps = selective_log_softmax(logits, labels.to(device))
     mask = (targets != -100).to(device)
@@ -320,14 +324,18 @@ class PreferenceTrainer(Trainer):
                 "eval_chosen": [p.chosen for p in self.eval_pairs],
                 "eval_rejected": [p.rejected for p in self.eval_pairs]}
 
+    def token_logps(self, examples: Sequence[TokenizedExample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sequence_token_logps`` under the current model, laid out as ``config.data`` says."""
+        data = self.config.data
+        return sequence_token_logps(self.model, examples, row_tokens=data.pack_length,
+                                    pad_token_id=self.tokenizer.pad_token_id, packing=data.packing)
+
     @torch.no_grad()
     def sequence_logps(self, examples: Sequence[TokenizedExample]) -> torch.Tensor:
         """Summed completion log-probs under the current weights, without gradients, in chunks."""
         self.model.eval()
         size = 2 * self.config.train.batch_size
-        out = [sequence_logprobs(*sequence_token_logps(self.model, chunk, row_tokens=self.config.data.pack_length,
-                                                       pad_token_id=self.tokenizer.pad_token_id), average=False)
-               for chunk in chunks(list(examples), size)]
+        out = [sequence_logprobs(*self.token_logps(chunk), average=False) for chunk in chunks(list(examples), size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
 
     def prepare_reference(self, *, use_cache: bool) -> None:
@@ -378,9 +386,7 @@ class PreferenceTrainer(Trainer):
                     ref_rejected: torch.Tensor | None) -> PreferenceInputs:
         """Policy statistics of chosen and rejected (one forward pass) with the given reference log-probs."""
         b = len(pairs)
-        tok, mask = sequence_token_logps(self.model, [p.chosen for p in pairs] + [p.rejected for p in pairs],
-                                         row_tokens=self.config.data.pack_length,
-                                         pad_token_id=self.tokenizer.pad_token_id)
+        tok, mask = self.token_logps([p.chosen for p in pairs] + [p.rejected for p in pairs])
         logps = sequence_logprobs(tok, mask, average=False)
         lengths = mask.sum(-1).float()
         weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if self.config.wpo else None
@@ -401,9 +407,7 @@ class PreferenceTrainer(Trainer):
     def unpaired_loss(self, idx: list[int], global_examples: float) -> tuple[torch.Tensor, dict]:
         cfg = self.config
         b = len(idx)
-        tok, mask = sequence_token_logps(
-            self.model, [self.examples[i].example for i in idx] + [self.kl_examples[i] for i in idx],
-            row_tokens=cfg.data.pack_length, pad_token_id=self.tokenizer.pad_token_id)
+        tok, mask = self.token_logps([self.examples[i].example for i in idx] + [self.kl_examples[i] for i in idx])
         logps = sequence_logprobs(tok, mask, average=False)
         ref = self.ref["train"][idx].to(logps.device)
         desirable = torch.tensor([self.examples[i].desirable for i in idx], device=logps.device)

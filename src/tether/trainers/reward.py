@@ -424,13 +424,15 @@ class RewardModelTrainer(Trainer):
         """Rewards of chosen and rejected, shape (B,) each, from one packed forward pass."""
         sequences = [p.chosen.input_ids for p in pairs] + [p.rejected.input_ids for p in pairs]
         scores = score_positions(self.model, sequences, [[len(s) - 1] for s in sequences],
-                                 row_tokens=self.config.data.pack_length, pad_token_id=self.tokenizer.pad_token_id)
+                                 row_tokens=self.config.data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
+                                 packing=self.config.data.packing)
         return scores[: len(pairs)], scores[len(pairs):]
 
     def step_logits(self, examples: Sequence[StepExample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Step logits and labels, flat (P,), and the step count of each example (B,)."""
         logits = score_positions(self.model, [e.input_ids for e in examples], [e.positions for e in examples],
-                                 row_tokens=self.config.data.pack_length, pad_token_id=self.tokenizer.pad_token_id)
+                                 row_tokens=self.config.data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
+                                 packing=self.config.data.packing)
         labels = torch.tensor([y for e in examples for y in e.labels], device=logits.device)
         return logits, labels, torch.tensor([len(e.positions) for e in examples])
 
