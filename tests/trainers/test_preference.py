@@ -141,8 +141,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
 def test_config_checks():
     with pytest.raises(ValueError, match="valid names"):
         DPOConfig(loss="dpo2")
-    with pytest.raises(ValueError, match="rpo_alpha"):
-        DPOConfig(loss="sigmoid", rpo_alpha=1.0)
+    # a recipe tuned for rpo still runs after loss=ipo: rpo_alpha is ignored (with a warning)
+    cfg = DPOConfig(loss="ipo", rpo_alpha=2.0, beta=0.5)
+    assert cfg.hparams() == {"beta": 0.5} and cfg.ignored_hparams() == ["rpo_alpha"]
     assert DPOConfig(loss={"sigmoid": 1.0, "rpo": 0.5}, rpo_alpha=0.5).needs_reference
     assert not DPOConfig(loss="orpo").needs_reference
     with pytest.raises(ValueError, match="kto"):

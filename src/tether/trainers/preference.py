@@ -76,7 +76,11 @@ class PreferenceDataConfig(PairDataConfig):
 
 
 class DPOConfig(StageConfig):
-    """Offline preference optimisation; hyperparameters left unset take the loss's own default."""
+    """Offline preference optimisation; hyperparameters left unset take the loss's own default.
+
+    A hyperparameter the selected loss does not take is ignored with a warning, so a recipe tuned
+    for one loss still runs after ``dpo.loss=NAME``.
+    """
 
     type: Literal["dpo"] = "dpo"
     data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task={"name": "arithmetic"}))
@@ -103,28 +107,28 @@ class DPOConfig(StageConfig):
     def needs_reference(self) -> bool:
         return not all(name in REFERENCE_FREE for name in self.loss_names)
 
+    def _functions(self) -> list[Callable]:
+        return [UNPAIRED_LOSSES.get(n) if n == "kto" else PREFERENCE_LOSSES.get(n) for n in self.loss_names]
+
     def hparams(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in HPARAMS if getattr(self, k) is not None}
+        """The hyperparameters that are set and taken by one of the selected losses."""
+        accepted = {p for fn in self._functions() for p in inspect.signature(fn).parameters}
+        return {k: getattr(self, k) for k in HPARAMS if getattr(self, k) is not None and k in accepted}
+
+    def ignored_hparams(self) -> list[str]:
+        """Set hyperparameters no selected loss takes (e.g. ``rpo_alpha`` after ``loss=ipo``)."""
+        return [k for k in HPARAMS if getattr(self, k) is not None and k not in self.hparams()]
 
     @model_validator(mode="after")
     def _check_loss(self) -> DPOConfig:
         if isinstance(self.loss, dict) and not self.loss:
             raise ValueError("loss: an empty mix; give {name: weight, ...}")
-        functions = []
         for name in self.loss_names:
-            if name == "kto":
-                if isinstance(self.loss, dict):
-                    raise ValueError("'kto' takes unpaired data and cannot be mixed with paired losses")
-                functions.append(UNPAIRED_LOSSES.get("kto"))
-            elif name not in PREFERENCE_LOSSES:
+            if name == "kto" and isinstance(self.loss, dict):
+                raise ValueError("'kto' takes unpaired data and cannot be mixed with paired losses")
+            if name != "kto" and name not in PREFERENCE_LOSSES:
                 valid = ", ".join([*PREFERENCE_LOSSES.names(), "kto"])
                 raise ValueError(f"unknown preference loss {name!r}; valid names: {valid}")
-            else:
-                functions.append(PREFERENCE_LOSSES.get(name))
-        accepted = {p for fn in functions for p in inspect.signature(fn).parameters}
-        unused = sorted(set(self.hparams()) - accepted)
-        if unused:
-            raise ValueError(f"{', '.join(unused)} not used by loss {self.loss!r}")
         if self.wpo and self.unpaired:
             raise ValueError("wpo weights pairs; it does not apply to kto")
         if self.data.task is not None and self.data.task.kind == "stepwise":
@@ -149,9 +153,7 @@ def loss_beta(cfg: DPOConfig) -> float:
     """β of the (first) configured loss: the implicit reward's scale."""
     if cfg.beta is not None:
         return cfg.beta
-    name = cfg.loss_names[0]
-    fn = UNPAIRED_LOSSES.get(name) if name == "kto" else PREFERENCE_LOSSES.get(name)
-    return inspect.signature(fn).parameters["beta"].default
+    return inspect.signature(cfg._functions()[0]).parameters["beta"].default
 
 
 # ---- log-probs --------------------------------------------------------------------------------------
@@ -265,6 +267,8 @@ class PreferenceTrainer(Trainer):
         self.loss = paired_loss_fn(cfg) if not cfg.unpaired else None
         self.beta = loss_beta(cfg)
         self.ref: dict[str, torch.Tensor] | None = None
+        if cfg.ignored_hparams():
+            log.warning("%s: %s not used by loss %r; ignored", self.stage, ", ".join(cfg.ignored_hparams()), cfg.loss)
         dropped_now = {k: v for k, v in self.data_stats.items() if v}
         if dropped_now:
             log.warning("%s: dropped %s", self.stage, dropped_now)
