@@ -17,6 +17,7 @@ other settings.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,11 @@ from typing import Any
 import torch
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from tether.data import PackedSequences, pack_sequences, tokenize_prompt
+
+log = logging.getLogger(__name__)
 
 REWARD_INFO_KEY = "tether_reward"
 DEFAULT_INFO = {"process": False, "step_separator": "\n", "aggregation": "min"}
@@ -79,9 +83,19 @@ def load_reward_model(
                                   "trust_remote_code": trust_remote_code}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
-        with torch.random.fork_rng(devices=[]):  # a new score head is initialised from `seed`
-            torch.manual_seed(seed)
-            model = AutoModelForSequenceClassification.from_pretrained(name_or_path, **kwargs)
+        from_lm = not any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+        verbosity = hf_logging.get_verbosity()
+        if from_lm:  # the report would list the dropped LM head and the new score head: expected here
+            hf_logging.set_verbosity_error()
+        try:
+            with torch.random.fork_rng(devices=[]):  # a new score head is initialised from `seed`
+                torch.manual_seed(seed)
+                model = AutoModelForSequenceClassification.from_pretrained(name_or_path, **kwargs)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        if from_lm:
+            log.info("%s: causal LM checkpoint; LM head dropped, scalar score head initialised (seed %d)",
+                     name_or_path, seed)
         tokenizer = tokenizer or load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
         if len(tokenizer) > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(len(tokenizer))

@@ -1,6 +1,6 @@
 """Offline preference optimisation: the DPO family on static pairs, and KTO on unpaired data.
 
-One step reads: fixed micro-batches of pairs -> chosen and rejected through the policy in one
+One step reads: micro-batches of pairs -> chosen and rejected through the policy in one
 padding-free packed forward pass -> summed completion log-probs -> a ``PREFERENCE_LOSSES`` entry
 (``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | sppo_hard``, or a dict of
 weights for ``mixed_preference_loss``) against cached reference log-probs -> one update.
