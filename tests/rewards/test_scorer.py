@@ -76,3 +76,10 @@ def test_chat_prompts_use_the_template(rm):
     assert scorer.score(PROMPTS[:1], COMPLETIONS[:1]) == pytest.approx([last_token_score(model, ids)], abs=1e-5)
     with pytest.raises(ValueError, match="tokenizer"):
         RewardModelScorer(model)
+
+
+def test_reward_model_is_a_registered_reward_name():
+    from tether.rewards import REWARD_FUNCTIONS
+    from tether.rewards.scorer import reward_model
+
+    assert REWARD_FUNCTIONS.get("reward_model") is reward_model

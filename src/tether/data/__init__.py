@@ -1,6 +1,6 @@
 """Records, loading, validation, tokenisation with loss masks, packing and collation."""
 
-from tether.data.loading import load_records
+from tether.data.loading import load_records, read_rows
 from tether.data.packing import (
     PackedSequences,
     make_batches,
@@ -44,6 +44,7 @@ __all__ = [
     "pack_examples",
     "pack_sequences",
     "pad_examples",
+    "read_rows",
     "split_implicit_prompt",
     "tokenize_dataset",
     "tokenize_prompt",

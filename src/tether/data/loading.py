@@ -16,6 +16,27 @@ from tether.data.schemas import DataError, validate_records
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
+def read_rows(source: str | Path | list[dict] | Any, *, split: str = "train"
+              ) -> tuple[list[Any], list[int] | None, str]:
+    """Rows exactly as stored, before validation: ``(rows, jsonl line numbers or None, source name)``.
+
+    For callers that filter rows before validating them (e.g. dropping identical preference pairs)
+    while keeping the original file's numbering in error messages.
+    """
+    if isinstance(source, list):
+        return source, None, "<list>"
+    if isinstance(source, str | Path):
+        return _read_path(Path(source), split)
+    import datasets
+
+    if isinstance(source, datasets.DatasetDict):
+        source = _pick_split(source, split, "<dataset>")
+    if isinstance(source, datasets.Dataset):
+        return source.to_list(), None, "<dataset>"
+    raise TypeError(f"cannot load records from a {type(source).__name__}; give a path (.jsonl, .json, "
+                    ".parquet or a saved datasets directory), a list of dicts or a datasets.Dataset")
+
+
 def load_records(source: str | Path | list[dict] | Any, format: str | None = None, *,
                  split: str = "train") -> list[dict]:
     """Read every row of ``source`` and validate it as ``format`` (detected when None).
@@ -24,21 +45,11 @@ def load_records(source: str | Path | list[dict] | Any, format: str | None = Non
     Returns normalised dicts; raises :class:`DataError` naming the source, row and field
     of the first bad row, or ``FileNotFoundError`` for a missing path.
     """
-    if isinstance(source, list):
-        return validate_records(source, format, "<list>")
-    if isinstance(source, str | Path):
-        return _load_path(Path(source), format, split)
-    import datasets
-
-    if isinstance(source, datasets.DatasetDict):
-        source = _pick_split(source, split, "<dataset>")
-    if isinstance(source, datasets.Dataset):
-        return validate_records(source.to_list(), format, "<dataset>")
-    raise TypeError(f"cannot load records from a {type(source).__name__}; give a path (.jsonl, .json, "
-                    ".parquet or a saved datasets directory), a list of dicts or a datasets.Dataset")
+    rows, lines, name = read_rows(source, split=split)
+    return validate_records(rows, format, name, line_numbers=lines)
 
 
-def _load_path(path: Path, format: str | None, split: str) -> list[dict]:
+def _read_path(path: Path, split: str) -> tuple[list[Any], list[int] | None, str]:
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
     source = str(path)
@@ -52,17 +63,17 @@ def _load_path(path: Path, format: str | None, split: str) -> list[dict]:
                             source=source) from None
         if isinstance(data, datasets.DatasetDict):
             data = _pick_split(data, split, source)
-        return validate_records(data.to_list(), format, source)
+        return data.to_list(), None, source
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows, lines = _read_jsonl(path)
-        return validate_records(rows, format, source, line_numbers=lines)
+        return rows, lines, source
     if suffix == ".json":
-        return validate_records(_read_json(path), format, source)
+        return _read_json(path), None, source
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return validate_records(pq.read_table(path).to_pylist(), format, source)
+        return pq.read_table(path).to_pylist(), None, source
     raise DataError(f"{source}: unknown file extension {path.suffix!r}; expected one of "
                     f"{', '.join(EXTENSIONS)} or a datasets directory", source=source)
 

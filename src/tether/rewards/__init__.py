@@ -11,6 +11,7 @@ from tether.rewards.combine import (
     RewardSpec,
     resolve_reward_function,
 )
+from tether.rewards.scorer import RewardModelScorer
 from tether.rewards.shaping import REWARD_SHAPING, overlong_penalty
 from tether.rewards.verifiers import (
     REWARD_FUNCTIONS,
@@ -29,6 +30,7 @@ __all__ = [
     "REWARD_SHAPING",
     "RewardComposer",
     "RewardFunctionError",
+    "RewardModelScorer",
     "RewardResult",
     "RewardSpec",
     "exact_match_reward",

@@ -7,7 +7,8 @@ follows the reward-function protocol of the RL trainers, ``scorer(prompts, compl
 >>> scorer = RewardModelScorer("runs/rm-arith/rm")               # doctest: +SKIP
 >>> train_grpo(cfg, reward_functions=[scorer], out="runs/rl")    # doctest: +SKIP
 
-or named in a config as ``{name: "tether.rewards.scorer:reward_model", kwargs: {path: ...}}``.
+or named in a config as ``{name: reward_model, kwargs: {path: ...}}`` (or the dotted path
+``tether.rewards.scorer:reward_model``).
 
 Texts are laid out exactly as the reward trainer laid them out: an outcome model reads the head
 at the last token of ``bos + prompt + completion + eos`` (the chat template for message-list
@@ -34,6 +35,7 @@ from tether.models.reward_model import (
     split_steps,
     step_sequence,
 )
+from tether.rewards.verifiers import REWARD_FUNCTIONS
 
 
 class RewardModelScorer:
@@ -132,10 +134,11 @@ class RewardModelScorer:
 _SCORERS: dict[tuple, RewardModelScorer] = {}
 
 
+@REWARD_FUNCTIONS.register("reward_model")
 def reward_model(prompts: Sequence[Any], completions: Sequence[Any], *, path: str, batch_size: int = 32,
                  process: bool | None = None, aggregation: str | None = None, chat: bool = False,
                  **columns: Any) -> list[float]:
-    """Reward function for configs: ``{name: "tether.rewards.scorer:reward_model", kwargs: {path: ...}}``.
+    """Reward function for configs: ``{name: reward_model, kwargs: {path: ...}}``.
 
     The model at ``path`` is loaded on first use and kept for later calls.
     """

@@ -39,6 +39,7 @@ from pydantic import Field, model_validator
 from tether.config import DataConfig, StageConfig, StrictModel
 from tether.core.reward import STEP_AGGREGATIONS, bradley_terry_loss
 from tether.data import DataError, TokenizedExample, tokenize_sft, validate_records
+from tether.data.loading import read_rows
 from tether.models.reward_model import load_reward_model, score_positions, set_reward_info, step_sequence
 from tether.pipeline import register_stage
 from tether.tasks import get_task
@@ -134,47 +135,6 @@ def _drop_reason(row: Any) -> str | None:
     return None
 
 
-def _raw_rows(source: Any, split: str) -> tuple[list[Any], list[int] | None, str]:
-    """Rows as stored (before validation), their jsonl line numbers, and a name for messages."""
-    if isinstance(source, list):
-        return source, None, "<list>"
-    if isinstance(source, str | Path):
-        from tether.data.loading import _pick_split, _read_json, _read_jsonl
-
-        path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"data file not found: {path}")
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            rows, lines = _read_jsonl(path)
-            return rows, lines, str(path)
-        if suffix == ".json":
-            return _read_json(path), None, str(path)
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist(), None, str(path)
-        if path.is_dir():
-            import datasets
-
-            data = datasets.load_from_disk(str(path))
-            if isinstance(data, datasets.DatasetDict):
-                data = _pick_split(data, split, str(path))
-            return data.to_list(), None, str(path)
-        raise DataError(f"{path}: unknown file extension {path.suffix!r}; expected .jsonl, .json, .parquet "
-                        "or a datasets directory", source=str(path))
-    import datasets
-
-    if isinstance(source, datasets.DatasetDict):
-        from tether.data.loading import _pick_split
-
-        source = _pick_split(source, split, "<dataset>")
-    if isinstance(source, datasets.Dataset):
-        return source.to_list(), None, "<dataset>"
-    raise TypeError(f"cannot load records from a {type(source).__name__}; give a path, a list of dicts or a "
-                    "datasets.Dataset")
-
-
 def load_pair_records(source: Any, format: str | None = None, *, split: str = "train"
                       ) -> tuple[list[dict], dict[str, int]]:
     """Load and validate records like ``load_records``, first dropping pairs whose chosen equals
@@ -183,7 +143,7 @@ def load_pair_records(source: Any, format: str | None = None, *, split: str = "t
     Returns ``(records, {"identical": n, "empty": n})``. Any other bad row raises ``DataError``
     naming the source, row (or jsonl line) and field, with the numbering of the original file.
     """
-    rows, lines, name = _raw_rows(source, split)
+    rows, lines, name = read_rows(source, split=split)
     counts = {"identical": 0, "empty": 0}
     keep = []
     for i, row in enumerate(rows):
