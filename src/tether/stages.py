@@ -11,34 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import Field
 
-from tether.config import EvalConfig, ModelConfig, StageConfig
-from tether.models import load_model
+from tether.config import EvalConfig, StageConfig
+from tether.models.loading import resolve_model
 from tether.pipeline import register_stage
 from tether.trainers.checkpoint import mark_done
 from tether.trainers.sft import PretrainConfig, SFTConfig, SFTTrainer
 
 
-def load_stage_model(cfg: ModelConfig) -> tuple[torch.nn.Module, Any]:
-    return load_model(cfg.name_or_path, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed,
-                      lora=cfg.lora.model_dump() if cfg.lora else None,
-                      trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation)
-
-
 def _coerce(config: StageConfig | dict, cls: type[StageConfig]) -> StageConfig:
     return config if isinstance(config, cls) else cls.model_validate(config)
-
-
-def _model_and_tokenizer(cfg: StageConfig, model: Any, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
-    if model is None:
-        return load_stage_model(cfg.model)
-    if isinstance(model, str | Path):
-        return load_stage_model(cfg.model.model_copy(update={"name_or_path": str(model)}))
-    if tokenizer is None:
-        raise ValueError("pass the tokenizer together with a loaded model")
-    return model, tokenizer
 
 
 def train_sft(config: SFTConfig | dict, *, out: str | Path, model: Any = None, tokenizer: Any = None,
@@ -50,16 +33,14 @@ def train_sft(config: SFTConfig | dict, *, out: str | Path, model: Any = None, t
     """
     cfg = _coerce(config, PretrainConfig if isinstance(config, dict) and config.get("type") == "pretrain"
                   else SFTConfig)
-    model, tokenizer = _model_and_tokenizer(cfg, model, tokenizer)
+    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
     records = None
     if dataset is not None:
         from tether.data import load_records
 
         records = load_records(dataset, cfg.data.format)
     trainer = SFTTrainer(cfg, model, tokenizer, out, records=records, stage=cfg.name or cfg.type)
-    results = trainer.train(resume=resume)
-    trainer.finish()
-    return results
+    return trainer.fit(resume=resume)
 
 
 @register_stage("pretrain", PretrainConfig, "next-token prediction on raw text")
@@ -81,7 +62,7 @@ def evaluate(config: EvalStageConfig | dict, *, model: Any = None, tokenizer: An
     from tether.evaluation import evaluate_task
 
     cfg = _coerce(config, EvalStageConfig)
-    model, tokenizer = _model_and_tokenizer(cfg, model, tokenizer)
+    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
     return evaluate_task(model, tokenizer, cfg.eval)
 
 
@@ -105,7 +86,7 @@ def train_grpo(config: Any, *, out: str | Path, model: Any = None, tokenizer: An
     from tether.trainers.rl import GRPOConfig, RLTrainer
 
     cfg = _coerce(config, GRPOConfig)
-    model, tokenizer = _model_and_tokenizer(cfg, model, tokenizer)
+    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
     records = None
     if dataset is not None:
         from tether.data import load_records
@@ -113,9 +94,7 @@ def train_grpo(config: Any, *, out: str | Path, model: Any = None, tokenizer: An
         records = load_records(dataset)
     trainer = RLTrainer(cfg, model, tokenizer, out, records=records, reward_functions=reward_functions,
                         stage=cfg.name or cfg.type)
-    results = trainer.train(resume=resume)
-    trainer.finish()
-    return results
+    return trainer.fit(resume=resume)
 
 
 def _register_rl() -> None:

@@ -95,6 +95,19 @@ def load_model(
     return model, tokenizer
 
 
+def resolve_model(model: Any, tokenizer: Any, cfg: Any, *, loader: Any = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for a trainer: a loaded pair as given, or loaded by ``loader``
+    (default :func:`load_model`) from a path / the ``ModelConfig``'s ``name_or_path`` with its options."""
+    if model is not None and not isinstance(model, str | Path):
+        if tokenizer is None:
+            raise ValueError("pass the tokenizer together with a loaded model")
+        return model, tokenizer
+    loader = loader or load_model
+    return loader(str(model or cfg.name_or_path), dtype=cfg.dtype, device=cfg.device, seed=cfg.seed,
+                  lora=cfg.lora.model_dump() if cfg.lora else None, trust_remote_code=cfg.trust_remote_code,
+                  attn_implementation=cfg.attn_implementation)
+
+
 def apply_lora(model: PreTrainedModel, lora: dict[str, Any]) -> PreTrainedModel:
     """Wrap ``model`` in a peft LoRA adapter; ``lora`` holds ``peft.LoraConfig`` fields."""
     from peft import LoraConfig, get_peft_model

@@ -224,6 +224,12 @@ class Trainer:
             self.logger.log(self.step, {f"eval/{k}": v for k, v in final.items()})
         return self.results
 
+    def fit(self, *, resume: bool = False) -> dict[str, float]:
+        """Train, export the final model, mark the stage finished; returns the evaluation figures."""
+        results = self.train(resume=resume)
+        self.finish()
+        return results
+
     def finish(self) -> None:
         """Export the final model into the stage directory and mark the stage finished."""
         if self.dist.is_main:

@@ -474,17 +474,10 @@ def train_dpo(config: DPOConfig | dict, *, out: str | Path, model: Any = None, t
     chosen equals their rejected, and records with an empty completion, are dropped and counted.
     Writes the policy to ``out/<stage>`` and returns the held-out figures.
     """
-    from tether.models import load_model
+    from tether.models.loading import resolve_model
 
     cfg = config if isinstance(config, DPOConfig) else DPOConfig.model_validate(config)
-    if model is None or isinstance(model, str | Path):
-        m = cfg.model
-        model, tokenizer = load_model(str(model or m.name_or_path), dtype=m.dtype, device=m.device, seed=m.seed,
-                                      lora=m.lora.model_dump() if m.lora else None,
-                                      trust_remote_code=m.trust_remote_code,
-                                      attn_implementation=m.attn_implementation)
-    elif tokenizer is None:
-        raise ValueError("pass the tokenizer together with a loaded model")
+    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
     records = held = None
     dropped: dict[str, int] = {}
     if dataset is not None:
@@ -494,9 +487,7 @@ def train_dpo(config: DPOConfig | dict, *, out: str | Path, model: Any = None, t
         dropped = {k: dropped.get(k, 0) + v for k, v in eval_dropped.items()}
     trainer = PreferenceTrainer(cfg, model, tokenizer, out, records=records, eval_records=held, dropped=dropped,
                                 stage=cfg.name or cfg.type)
-    results = trainer.train(resume=resume)
-    trainer.finish()
-    return results
+    return trainer.fit(resume=resume)
 
 
 @register_stage("dpo", DPOConfig, "offline preference optimisation: DPO, IPO, cDPO, hinge, RPO, SimPO, ORPO, "

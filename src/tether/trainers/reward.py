@@ -40,6 +40,7 @@ from tether.config import DataConfig, StageConfig, StrictModel
 from tether.core.reward import STEP_AGGREGATIONS, bradley_terry_loss
 from tether.data import DataError, TokenizedExample, tokenize_sft, validate_records
 from tether.data.loading import read_rows
+from tether.models.loading import resolve_model
 from tether.models.reward_model import load_reward_model, score_positions, set_reward_info, step_sequence
 from tether.pipeline import register_stage
 from tether.tasks import get_task
@@ -469,14 +470,7 @@ def train_reward_model(config: RewardModelConfig | dict, *, out: str | Path, mod
     ``RewardModelScorer``) and returns the held-out figures.
     """
     cfg = config if isinstance(config, RewardModelConfig) else RewardModelConfig.model_validate(config)
-    if model is None or isinstance(model, str | Path):
-        m = cfg.model
-        model, tokenizer = load_reward_model(str(model or m.name_or_path), dtype=m.dtype, device=m.device,
-                                             seed=m.seed, lora=m.lora.model_dump() if m.lora else None,
-                                             trust_remote_code=m.trust_remote_code,
-                                             attn_implementation=m.attn_implementation)
-    elif tokenizer is None:
-        raise ValueError("pass the tokenizer together with a loaded model")
+    model, tokenizer = resolve_model(model, tokenizer, cfg.model, loader=load_reward_model)
     fmt = "stepwise" if cfg.process else "preference"
     records = held = None
     dropped: dict[str, int] = {}
@@ -487,9 +481,7 @@ def train_reward_model(config: RewardModelConfig | dict, *, out: str | Path, mod
         dropped = {k: dropped.get(k, 0) + v for k, v in eval_dropped.items()}
     trainer = RewardModelTrainer(cfg, model, tokenizer, out, records=records, eval_records=held, dropped=dropped,
                                  stage=cfg.name or cfg.type)
-    results = trainer.train(resume=resume)
-    trainer.finish()
-    return results
+    return trainer.fit(resume=resume)
 
 
 @register_stage("rm", RewardModelConfig, "reward model: Bradley-Terry on pairs, or a process RM on labelled steps")
