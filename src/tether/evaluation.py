@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from tether.config import EvalConfig
-from tether.data.tokenize import tokenize_prompt
+from tether.data.tokenize import tokenize_prompts
 from tether.rewards.verifiers import format_reward
 from tether.rollout import HFEngine, SamplingParams
 from tether.tasks import eval_records, get_task
@@ -23,10 +23,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def prompt_ids(prompts: list[Any], tokenizer: Any, chat: bool) -> list[list[int]]:
-    return [tokenize_prompt([{"role": "user", "content": p}] if chat else p, tokenizer) for p in prompts]
-
-
 @torch.no_grad()
 def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
                   records: list[dict] | None = None) -> dict[str, float]:
@@ -38,7 +34,7 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
     records = records or eval_records(task, cfg.n, seed=cfg.seed)
     prompts = [cfg.prompt_template.format(prompt=r["prompt"]) for r in records]
     answers = [r["answer"] for r in records]
-    ids = prompt_ids(prompts, tokenizer, cfg.chat)
+    ids = tokenize_prompts(prompts, tokenizer, chat=cfg.chat)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size)
     greedy = engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=cfg.max_new_tokens))
     correct = [task.verify(text, answer) for text, answer in zip(greedy.texts, answers, strict=True)]

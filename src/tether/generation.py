@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from tether.evaluation import prompt_ids
+from tether.data import tokenize_prompts
 from tether.rollout import HFEngine, SamplingParams
 
 
@@ -47,7 +47,7 @@ def generate_file(model: str, prompts_path: Path, out: Path, *, n: int = 1, temp
         task = progress.add_task("generate", total=len(prompts))
         for start in range(0, len(prompts), per_call):
             chunk = prompts[start:start + per_call]
-            rollout = engine.generate(prompt_ids(chunk, tokenizer, chat), params)
+            rollout = engine.generate(tokenize_prompts(chunk, tokenizer, chat=chat), params)
             for i in range(len(rollout)):
                 index = rollout.prompt_index[i]
                 record = {"prompt_id": start + index, "sample": i % n, "prompt": chunk[index],

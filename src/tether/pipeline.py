@@ -135,8 +135,10 @@ def stage_config(raw: dict[str, Any]) -> StageConfig:
         raise ConfigError(f"stage {raw.get('name', stage_type)!r}: {err}") from None
 
 
-def validate_recipe(recipe: dict[str, Any]) -> list[StageConfig]:
-    """Validate every stage up front, so a typo in the last stage fails before hours of training."""
+def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[StageConfig]:
+    """Every stage's config, with defaults merged and ``@stage`` references resolved inside
+    ``run_dir``; validating all of them up front makes a typo in the last stage fail before
+    hours of training."""
     defaults = recipe.get("defaults") or {}
     seen: list[str] = []
     configs = []
@@ -145,7 +147,7 @@ def validate_recipe(recipe: dict[str, Any]) -> list[StageConfig]:
         raw.setdefault("name", raw.get("type", f"stage{i}"))
         if raw["name"] in seen:
             raise ConfigError(f"two stages are named {raw['name']!r}")
-        resolved = resolve_references(raw, Path("."), set(seen))
+        resolved = resolve_references(raw, run_dir, set(seen))
         configs.append(stage_config(resolved))
         seen.append(raw["name"])
     return configs
@@ -162,17 +164,13 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
     from tether import stages  # noqa: F401  (registers the stage types)
 
     run_dir = Path(run_dir)
-    validate_recipe(recipe)
+    configs = validate_recipe(recipe, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     results_path = run_dir / "results.json"
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.exists() else {}
-    defaults = recipe.get("defaults") or {}
-    done: set[str] = set()
-    for i, raw in enumerate(recipe["stages"]):
-        raw = deep_merge(defaults, raw)
-        name = raw.setdefault("name", raw.get("type", f"stage{i}"))
-        cfg = stage_config(resolve_references(raw, run_dir, done))
+    for cfg in configs:
+        name = cfg.name
         finished = ckpt.read_done(run_dir / name)
         if finished is not None:
             log.info("stage %s already finished; skipping", name)
@@ -180,6 +178,5 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
         else:
             results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
             write_json_atomic(results_path, results)
-        done.add(name)
     write_json_atomic(results_path, results)
     return results

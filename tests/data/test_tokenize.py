@@ -153,3 +153,13 @@ def test_tokenize_prompt(tok):
     assert tokenize_prompt("ab", tok) == [BOS, *tok("ab", add_special_tokens=False)["input_ids"]]
     ids = tokenize_prompt([{"role": "user", "content": "hi"}], tok)
     assert tok.decode(ids, skip_special_tokens=False) == "<s><|user|>hi</s><|assistant|>"
+
+
+def test_tokenize_prompts_wraps_only_plain_strings_in_chat_mode():
+    from tether.data import tokenize_prompt, tokenize_prompts
+    from tether.models import build_tokenizer
+
+    tok = build_tokenizer()
+    messages = [{"role": "user", "content": "1+1="}]
+    assert tokenize_prompts(["1+1="], tok) == [tokenize_prompt("1+1=", tok)]
+    assert tokenize_prompts(["1+1=", messages], tok, chat=True) == [tokenize_prompt(messages, tok)] * 2

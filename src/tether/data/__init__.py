@@ -24,6 +24,7 @@ from tether.data.tokenize import (
     TokenizedExample,
     tokenize_dataset,
     tokenize_prompt,
+    tokenize_prompts,
     tokenize_sft,
     tokenize_text,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "split_implicit_prompt",
     "tokenize_dataset",
     "tokenize_prompt",
+    "tokenize_prompts",
     "tokenize_sft",
     "tokenize_text",
     "validate_records",

@@ -174,6 +174,13 @@ def tokenize_prompt(prompt: str | list[dict], tokenizer: Any, *, tools: Any = No
     return _bos(tokenizer) + _encode(tokenizer, prompt)
 
 
+def tokenize_prompts(prompts: Sequence[str | list[dict]], tokenizer: Any, *, chat: bool = False) -> list[list[int]]:
+    """Prompt ids for a batch; with ``chat``, a plain-string prompt becomes one user message
+    (message lists always go through the chat template as they are)."""
+    return [tokenize_prompt([{"role": "user", "content": p}] if chat and isinstance(p, str) else p, tokenizer)
+            for p in prompts]
+
+
 # ---------------------------------------------------------------- datasets
 
 

@@ -32,7 +32,7 @@ from tether.core.aggregation import LOSS_AGGREGATIONS, agg_loss, num_seqs, num_t
 from tether.core.kl import KL_ESTIMATORS, kl_penalty
 from tether.core.logprobs import entropy_from_logits, selective_log_softmax
 from tether.core.policy_loss import POLICY_LOSSES
-from tether.data import load_records, pack_sequences, tokenize_prompt
+from tether.data import load_records, pack_sequences, tokenize_prompts
 from tether.pipeline import deep_merge
 from tether.rewards import RewardComposer, RewardSpec
 from tether.rewards.shaping import overlong_penalty
@@ -222,8 +222,7 @@ class RLTrainer(Trainer):
         if not self.records:
             raise ValueError(f"stage {self.stage!r}: no prompts")
         self.prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in self.records]
-        self.prompt_ids = [tokenize_prompt([{"role": "user", "content": p}] if cfg.data.chat else p, tokenizer)
-                           for p in self.prompts]
+        self.prompt_ids = tokenize_prompts(self.prompts, tokenizer, chat=cfg.data.chat)
         self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
         if reward_functions is not None:  # plain callables, RewardSpecs or {name, weight, kwargs} dicts
             specs = [f if isinstance(f, RewardSpec | dict) else RewardSpec(f) for f in reward_functions]
