@@ -159,8 +159,26 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = True) -> dict[str, dict]:
-    """Run every stage in order; returns (and writes ``results.json``) figures keyed by stage."""
+def write_report_safely(run_dir: Path) -> Path | None:
+    """``report.html`` for the run (rank 0 only). The report is a view of the run: a failure to draw
+    it is logged as a warning and never fails the run or touches its results."""
+    from tether.trainers.distributed import DistInfo
+
+    if not DistInfo.current().is_main:
+        return None
+    try:
+        from tether.report import write_report
+
+        return write_report(run_dir)
+    except Exception as err:
+        log.warning("could not write the report for %s: %s: %s", run_dir, type(err).__name__, err)
+        return None
+
+
+def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = True,
+               report: bool = True) -> dict[str, dict]:
+    """Run every stage in order; returns (and writes ``results.json``) figures keyed by stage.
+    With ``report`` (the default) it then writes ``report.html`` (see ``tether.report``)."""
     from tether import stages  # noqa: F401  (registers the stage types)
 
     run_dir = Path(run_dir)
@@ -179,4 +197,6 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
             results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
             write_json_atomic(results_path, results)
     write_json_atomic(results_path, results)
+    if report:
+        write_report_safely(run_dir)
     return results

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import tether.rollout.hf_engine as hf_engine
+import tether.rollout.static_decoder as static_decoder
 from tether.models.tiny import build_tiny
 from tether.rollout import GenerationEngine, HFEngine, Rollout, SamplingParams
 
@@ -90,9 +91,11 @@ def test_greedy_matches_generate_in_chunks_and_with_temperature_zero(tiny):
     assert zero_t.completion_ids == expected
 
 
-def test_greedy_matches_generate_when_rows_stop_at_different_steps(tiny, monkeypatch):
+@pytest.mark.parametrize("static", [True, False])
+def test_greedy_matches_generate_when_rows_stop_at_different_steps(tiny, monkeypatch, static):
     """EOS-biased model: rows finish at different steps, so finished rows are dropped from the batch
-    (compaction) and the survivors must still decode exactly as model.generate does."""
+    (compaction) and the survivors must still decode exactly as model.generate does; on both the
+    static-cache decode path and the generic one."""
     model, tokenizer = tiny
     set_eos_bias(model, 0.5)  # found by trying: 0 never stops within 20 tokens, 1.0 stops every row at once
     prompts = encode(tokenizer, [f"{i} + {i * 7} = ?" + "x" * (i % 5) for i in range(12)])
@@ -101,13 +104,20 @@ def test_greedy_matches_generate_when_rows_stop_at_different_steps(tiny, monkeyp
     assert len(lengths) >= 3 and 20 in lengths  # a real mix of early stops and full-length rows
     compactions = []
     original = hf_engine.HFEngine._forward
+    original_step = static_decoder.StaticDecoder.step
 
     def counting_forward(self, input_ids, mask, position_ids, cache):
         compactions.append(input_ids.shape[0])
         return original(self, input_ids, mask, position_ids, cache)
 
+    def counting_step(self, tokens, positions):
+        compactions.append(tokens.shape[0])
+        return original_step(self, tokens, positions)
+
     monkeypatch.setattr(hf_engine.HFEngine, "_forward", counting_forward)
-    rollout = HFEngine(model, tokenizer).generate(prompts, SamplingParams(greedy=True, max_new_tokens=20))
+    monkeypatch.setattr(static_decoder.StaticDecoder, "step", counting_step)
+    rollout = HFEngine(model, tokenizer, static=static).generate(
+        prompts, SamplingParams(greedy=True, max_new_tokens=20))
     assert rollout.completion_ids == expected
     assert min(compactions) < len(prompts)  # the batch really shrank
     for ids, reason in zip(rollout.completion_ids, rollout.finish_reasons, strict=True):
@@ -134,7 +144,7 @@ def test_preallocated_cache_with_groups_and_compaction_matches_generate(tiny, mo
     prompts = encode(tokenizer, [f"{i} + {i * 7} = ?" + "x" * (i % 5) for i in range(6)])
     expected = hf_greedy(model, tokenizer, prompts, 20)
     assert len({len(r) for r in expected}) >= 3
-    rollout = HFEngine(model, tokenizer).generate(
+    rollout = HFEngine(model, tokenizer, static=False).generate(
         prompts, SamplingParams(n=2, greedy=True, max_new_tokens=20)
     )
     assert rollout.completion_ids == [row for row in expected for _ in range(2)]

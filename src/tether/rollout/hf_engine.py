@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from tether.rollout import static_decoder
 from tether.rollout.base import Rollout, SamplingParams
 
 try:  # transformers >= 4.56 stores the cache as a list of layer objects
@@ -188,12 +189,13 @@ class HFEngine:
     all of one call in a single batch.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None, static: bool = True) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.static = static
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id: int = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
@@ -240,6 +242,11 @@ class HFEngine:
 
     # -- one batch ----------------------------------------------------------------------------
 
+    def _static(self, total_length: int, cache: Any) -> bool:
+        """Whether the decode steps can run on :class:`static_decoder.StaticDecoder`."""
+        return (self.static and static_decoder.supports(self.model, total_length)
+                and isinstance(getattr(cache, "layers", None), list))
+
     def _forward(
         self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, Any]:
@@ -275,7 +282,7 @@ class HFEngine:
         ids, mask, lens = ids.to(device), mask.to(device), lens.to(device)
         position_ids = (mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
         logits, cache = self._forward(ids, mask[:, :width], position_ids, None)
-        if new_tokens >= PREALLOCATE_MIN_NEW_TOKENS:
+        if new_tokens >= PREALLOCATE_MIN_NEW_TOKENS and not self._static(width + new_tokens, cache):
             preallocate_cache(cache, new_tokens)
         if group > 1:
             if hasattr(cache, "batch_repeat_interleave"):
@@ -303,6 +310,10 @@ class HFEngine:
         rows = torch.arange(batch, device=device)  # batch position -> output row
         done = torch.zeros(batch, dtype=torch.bool, device=device)  # per current batch position
         stop_filter = self._stop_filter(params.stop, logits.shape[-1], device) if params.stop else None
+        decoder = None
+        if self._static(mask.shape[1], cache):
+            decoder = static_decoder.StaticDecoder(self.model, cache, mask[:, :width], steps)
+            cache = None
         for t in range(steps):
             tok, lp = sample_tokens(logits, params, generator)
             tok = tok.masked_fill(done, self.pad_id)
@@ -322,15 +333,21 @@ class HFEngine:
                     t + 1 < steps
                     and len(rows) >= COMPACT_MIN_BATCH
                     and running <= COMPACT_FRACTION * len(rows)
-                    and hasattr(cache, "batch_select_indices")
+                    and (decoder is not None or hasattr(cache, "batch_select_indices"))
                 ):
                     keep = (~done).nonzero().squeeze(-1)
-                    cache.batch_select_indices(keep)
+                    if decoder is not None:
+                        decoder.select(keep)
+                    else:
+                        cache.batch_select_indices(keep)
                     rows, done, tok = rows[keep], done[keep], tok[keep]
                     mask, position = mask[keep], position[keep]
             if t + 1 == steps:
                 break
-            logits, cache = self._forward(tok[:, None], mask[:, : width + t + 1], position, cache)
+            if decoder is not None:
+                logits = decoder.step(tok, position[:, 0])
+            else:
+                logits, cache = self._forward(tok[:, None], mask[:, : width + t + 1], position, cache)
             position += 1
         return self._unpack(tokens, logprobs, lengths, stopped)
 
