@@ -76,6 +76,20 @@ def pack_bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+# Packed rows are at most the configured length, and shorter when the sequences are short: attention costs
+# the square of the row length, so a row is capped at ROW_FACTOR x the longest sequence (at least ROW_FLOOR).
+# Measured on the tiny and small models, forward + backward of 128 / 32 sequences of 25-57 tokens (1 thread):
+# rows of 1024 tokens took 2.3x as long as rows of 128, rows of 256 1.1-1.2x, rows of 64 1.2-1.3x.
+ROW_FLOOR = 128
+ROW_FACTOR = 2
+
+
+def row_capacity(lengths: Sequence[int], row_tokens: int) -> int:
+    """The packed row length used for sequences of ``lengths`` under a budget of ``row_tokens``."""
+    longest = max(lengths, default=0)
+    return max(longest, min(row_tokens, max(ROW_FLOOR, ROW_FACTOR * longest)))
+
+
 def _packed_batch(examples: Sequence[TokenizedExample]) -> dict:
     ids, labels, positions = [], [], []
     for example in examples:
@@ -100,7 +114,8 @@ def _packed_rows_batch(examples: Sequence[TokenizedExample], *, row_tokens: int,
     nearly padding-free. Trailing pads form their own block (positions restart at 0, no loss),
     so they never affect a real token.
     """
-    rows = [_packed_batch([examples[i] for i in b]) for b in pack_bins([len(e) for e in examples], row_tokens)]
+    lengths = [len(e) for e in examples]
+    rows = [_packed_batch([examples[i] for i in b]) for b in pack_bins(lengths, row_capacity(lengths, row_tokens))]
     length = max(r["input_ids"].shape[1] for r in rows)
     input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
@@ -266,9 +281,10 @@ class PackedSequences:
 
 
 def pack_sequences(sequences: Sequence[Sequence[int]], *, row_tokens: int, pad_token_id: int) -> PackedSequences:
-    """Pack token sequences into rows of <= ``row_tokens`` (or the longest sequence, if longer)."""
+    """Pack token sequences into rows of <= ``row_tokens`` (or the longest sequence, if longer; see
+    :func:`row_capacity` for why rows of short sequences are kept shorter)."""
     lengths = [len(s) for s in sequences]
-    capacity = max(row_tokens, max(lengths))
+    capacity = row_capacity(lengths, row_tokens)
     bins = pack_bins(lengths, capacity)
     width = max(sum(lengths[i] for i in b) for b in bins)
     input_ids = torch.full((len(bins), width), pad_token_id, dtype=torch.long)

@@ -1,0 +1,233 @@
+"""tether against TRL, side by side on identical work, in one process; plus MFU.
+
+    python benchmarks/run.py [--out results.json] [--runs 3] [--threads N] [--models tiny,small]
+                             [--workloads sft,dpo,grpo,grpo_beta0,generation] [--quick]
+
+For every (model, workload) the two libraries run alternately (tether first on even runs, TRL
+first on odd ones) ``--runs`` times each; a figure is the median of the runs, with min and max.
+What each side does is in ``workloads.py``: same weights, records, batch size, sequence lengths,
+optimiser, learning rate, number of steps, float32 on CPU, thread count, no gradient
+checkpointing. Each row also carries both loss (or reward) trajectories and whether they agree
+within the stated tolerance, so the table shows the two did the same work.
+
+Generation compares the rollout engine with ``model.generate`` (named in ``baseline``), batch
+64, 32 new tokens at most, sampled: ``generation`` stops rows at EOS (tokens counted up to EOS on
+both sides), ``generation_fixed`` ignores EOS so every row decodes 32 tokens (the bare decode loops).
+
+MFU: achieved training FLOP/s of SFT on the ``small`` model (6 x parameters x tokens, plus
+12 x layers x hidden x length^2 per sequence for attention, as in the PaLM paper's appendix)
+against the FLOP/s of a large float32 matmul timed in the same process with the same threads.
+
+Writes the rows as JSON (``--out``), the same table as markdown next to it (``.md``), and prints it.
+``--quick`` runs every workload once at a trivial size: the smoke test that keeps this script working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import workloads as wl
+
+from tether.models.tiny import save_tiny
+
+WORKLOADS = ("sft", "dpo", "grpo", "grpo_beta0", "generation", "generation_fixed")
+
+# Sizes per model: (full, quick). Batch is examples / pairs / prompts per step.
+SPECS = {
+    "tiny": {
+        "sft": (wl.Spec(steps=30, batch=32, lr=1e-3), wl.Spec(steps=2, batch=4)),
+        "dpo": (wl.Spec(steps=20, batch=16), wl.Spec(steps=2, batch=4)),
+        "grpo": (wl.Spec(steps=5, batch=8), wl.Spec(steps=1, batch=2, new_tokens=8, group=4)),
+        "grpo_beta0": (wl.Spec(steps=5, batch=8, beta=0.0), wl.Spec(steps=1, batch=2, new_tokens=8, group=4,
+                                                                    beta=0.0)),
+        "generation": (wl.Spec(steps=1, batch=64), wl.Spec(steps=1, batch=8, new_tokens=8)),
+        "generation_fixed": (wl.Spec(steps=1, batch=64), wl.Spec(steps=1, batch=8, new_tokens=8)),
+    },
+    "small": {
+        "sft": (wl.Spec(steps=8, batch=32), wl.Spec(steps=1, batch=4)),
+        "dpo": (wl.Spec(steps=6, batch=16), wl.Spec(steps=1, batch=2)),
+        "grpo": (wl.Spec(steps=2, batch=4), wl.Spec(steps=1, batch=1, new_tokens=4, group=2)),
+        "grpo_beta0": (wl.Spec(steps=2, batch=4, beta=0.0), wl.Spec(steps=1, batch=1, new_tokens=4, group=2,
+                                                                    beta=0.0)),
+        "generation": (wl.Spec(steps=1, batch=64), wl.Spec(steps=1, batch=8, new_tokens=4)),
+        "generation_fixed": (wl.Spec(steps=1, batch=64), wl.Spec(steps=1, batch=8, new_tokens=4)),
+    },
+}
+
+# Per-step agreement of the two trajectories (SFT / DPO: the loss; GRPO: the mean reward). The data order
+# and the samples differ between the libraries, so steps are compared as a mean over the run.
+TOLERANCE = {"sft": ("relative", 0.05), "dpo": ("absolute", 0.02), "grpo": ("absolute", 0.03),
+             "grpo_beta0": ("absolute", 0.03)}
+METRICS = {"sft": ["tokens", "loss_tokens"], "dpo": ["pairs"], "grpo": ["completions"],
+           "grpo_beta0": ["completions"], "generation": ["tokens"], "generation_fixed": ["tokens"]}
+
+
+def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of the best of ``repeats`` float32 (size x size) @ (size x size) matmuls."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def training_flops(model_dir: Path, tokens: float, sum_sq_lengths: float) -> float:
+    """6 N T for the weights (input embedding excluded: a lookup) plus 12 L d sum(len^2) for attention."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    params = sum(t.numel() for t in _weights(model_dir).values())
+    params -= cfg["vocab_size"] * cfg["hidden_size"]
+    return 6 * params * tokens + 12 * cfg["num_hidden_layers"] * cfg["hidden_size"] * sum_sq_lengths
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def agreement(workload: str, tether: list[float], trl: list[float]) -> dict:
+    kind, tol = TOLERANCE[workload]
+    a, b = statistics.fmean(tether), statistics.fmean(trl)
+    diff = abs(a - b) / abs(b) if kind == "relative" else abs(a - b)
+    return {"tether_mean": a, "trl_mean": b, "tether_first": tether[0], "trl_first": trl[0],
+            "difference": diff, "tolerance": f"{kind} {tol}", "ok": diff <= tol}
+
+
+def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int, threads: int) -> list[dict]:
+    """Alternate the libraries ``runs`` times; one row per metric of the workload."""
+    generation = workload.startswith("generation")
+    names = ("tether", "model.generate") if generation else ("tether", "trl")
+    results: dict[str, list[wl.Measurement]] = {n: [] for n in names}
+    for run in range(runs):
+        for name in names if run % 2 == 0 else names[::-1]:
+            gc.collect()
+            with tempfile.TemporaryDirectory() as scratch:
+                if generation:
+                    m = wl.generation(model_dir, spec, "tether" if name == "tether" else "hf", threads,
+                                      ignore_eos=workload == "generation_fixed", repeats=3)
+                else:
+                    key = "grpo" if workload.startswith("grpo") else workload
+                    m = wl.TRAINING[key][name](model_dir, spec, Path(scratch), threads)
+                results[name].append(m)
+            torch.set_num_threads(threads)
+    rows = []
+    for metric in METRICS[workload]:
+        rates = {n: [m.units[metric] / m.seconds for m in results[n]] for n in names}
+        ours, theirs = statistics.median(rates[names[0]]), statistics.median(rates[names[1]])
+        row = {"workload": workload, "model": model, "metric": f"{metric}/s", "tether": ours, "trl": theirs,
+               "ratio": ours / theirs, "runs": runs, "tether_min": min(rates[names[0]]),
+               "tether_max": max(rates[names[0]]), "trl_min": min(rates[names[1]]),
+               "trl_max": max(rates[names[1]]), "baseline": names[1]}
+        if not generation:
+            row["trajectory"] = agreement(workload, results["tether"][0].trajectory, results["trl"][0].trajectory)
+        rows.append(row)
+    if workload == "sft" and model == "small":
+        rows[0]["_units"] = {n: [m.units for m in results[n]] for n in names}
+        rows[0]["_seconds"] = {n: [m.seconds for m in results[n]] for n in names}
+    return rows
+
+
+def mfu_rows(rows: list[dict], model_dirs: dict[str, Path], peak: float) -> dict | None:
+    sft = next((r for r in rows if r["workload"] == "sft" and r["model"] == "small" and "_units" in r), None)
+    if sft is None:
+        return None
+    out = {"model": "small", "workload": "sft", "matmul_peak_gflops": peak / 1e9}
+    for name in ("tether", "trl"):
+        achieved = [training_flops(model_dirs["small"], u["tokens"], u["sum_sq_lengths"]) / s
+                    for u, s in zip(sft["_units"][name], sft["_seconds"][name], strict=True)]
+        out[f"{name}_gflops"] = statistics.median(achieved) / 1e9
+        out[f"{name}_mfu"] = statistics.median(achieved) / peak
+    for r in rows:
+        r.pop("_units", None)
+        r.pop("_seconds", None)
+    return out
+
+
+def markdown(rows: list[dict], mfu: dict | None, meta: dict) -> str:
+    lines = [f"tether {meta['tether']} vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
+             f"{meta['threads']} thread(s), float32, {meta['date']}; median of {meta['runs']} alternating runs "
+             "(min-max).", "",
+             "| workload | model | metric | tether | TRL / baseline | ratio | same work |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r.get("trajectory")
+        same = "-" if t is None else (f"{'yes' if t['ok'] else 'NO'} ({t['tether_mean']:.3f} vs "
+                                      f"{t['trl_mean']:.3f}, {t['tolerance']})")
+        base = "" if r["baseline"] == "trl" else f" ({r['baseline']})"
+        lines.append(f"| {r['workload']} | {r['model']} | {r['metric']} | {r['tether']:,.0f} "
+                     f"({r['tether_min']:,.0f}-{r['tether_max']:,.0f}) | {r['trl']:,.0f} "
+                     f"({r['trl_min']:,.0f}-{r['trl_max']:,.0f}){base} | **{r['ratio']:.2f}x** | {same} |")
+    if mfu:
+        lines += ["", f"MFU, SFT on the small model: tether {mfu['tether_mfu']:.1%} "
+                      f"({mfu['tether_gflops']:.1f} GFLOP/s), TRL {mfu['trl_mfu']:.1%} "
+                      f"({mfu['trl_gflops']:.1f} GFLOP/s), against a float32 matmul peak of "
+                      f"{mfu['matmul_peak_gflops']:.1f} GFLOP/s measured in the same run."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="every workload at a trivial size (smoke test)")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    workloads = [w for w in args.workloads.split(",") if w]
+    for name in workloads:
+        if name not in WORKLOADS:
+            parser.error(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+    for name in models:
+        if name not in SPECS:
+            parser.error(f"unknown model {name!r}; valid: {', '.join(SPECS)}")
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dirs = {m: save_tiny(Path(tmp) / m, m, seed=0) for m in models}
+        peak = matmul_peak(args.threads) if "small" in models and "sft" in workloads else None
+        for model in models:
+            for workload in workloads:
+                spec = SPECS[model][workload][1 if args.quick else 0]
+                print(f"... {model} {workload}", file=sys.stderr, flush=True)
+                rows.extend(measure(workload, model, model_dirs[model], spec, args.runs, args.threads))
+        mfu = mfu_rows(rows, model_dirs, peak) if peak else None
+    import trl
+
+    import tether
+
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+            "threads": args.threads, "runs": args.runs, "torch": torch.__version__, "trl": trl.__version__,
+            "tether": tether.__version__, "quick": args.quick, "seconds": time.perf_counter() - started}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "mfu": mfu}, indent=1))
+    table = markdown(rows, mfu, meta)
+    args.out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"({meta['seconds']:.0f} s; {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Smoke test of the TRL side-by-side benchmark at a trivial size, so the script cannot rot.
+
+It checks the shape of the output and that both libraries did the same work; it asserts nothing about
+speed (timings on a shared machine are noise; the real figures come from ``python benchmarks/run.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="the benchmark compares against TRL (pip install -e '.[bench]')")
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load_runner():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("tether_bench_run", BENCH / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_benchmark_writes_every_row(tmp_path):
+    runner = _load_runner()
+    threads = torch.get_num_threads()
+    out = tmp_path / "bench.json"
+    try:
+        assert runner.main(["--quick", "--runs", "1", "--models", "tiny", "--threads", "1", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    expected = {("sft", "tokens/s"), ("sft", "loss_tokens/s"), ("dpo", "pairs/s"), ("grpo", "completions/s"),
+                ("grpo_beta0", "completions/s"), ("generation", "tokens/s"), ("generation_fixed", "tokens/s")}
+    assert {(r["workload"], r["metric"]) for r in rows} == expected
+    for row in rows:
+        assert row["model"] == "tiny" and row["runs"] == 1
+        assert row["tether"] > 0 and row["trl"] > 0
+        assert row["ratio"] == pytest.approx(row["tether"] / row["trl"])
+        generation = row["workload"].startswith("generation")
+        assert row["baseline"] == ("model.generate" if generation else "trl")
+        if not generation:
+            trajectory = row["trajectory"]
+            assert trajectory["ok"], trajectory  # both libraries computed the same losses / rewards
+    sft = next(r for r in rows if r["workload"] == "sft")
+    # same weights, same loss definition: the first SFT losses agree closely even with different batches
+    assert sft["trajectory"]["tether_first"] == pytest.approx(sft["trajectory"]["trl_first"], rel=0.05)
+    assert out.with_suffix(".md").read_text().count("| tiny |") == len(rows)
