@@ -36,8 +36,49 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    from rich.markup import escape
+
+    # escaped: messages quote data ("[[A]]", "[bold]"); unwrapped: paths and line numbers stay whole
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(2)
+
+
+def resume_command(argv: list[str], run_dir: Path) -> str:
+    """The command line that continues an interrupted run: the same arguments with ``--out`` (a
+    default run directory has a timestamp, so re-running without it would start over) and ``--resume``."""
+    import shlex
+
+    args = [a for a in argv if a != "--no-resume"]
+    if not any(a == "--out" or a.startswith("--out=") for a in args):
+        args += ["--out", str(run_dir)]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["tether", *args])
+
+
+def _stopped(err: KeyboardInterrupt, run_dir: Path | None) -> None:
+    """A run stopped by SIGINT / SIGTERM (after a checkpoint) or a second signal (at once): say how to resume."""
+    import signal
+    import sys
+
+    from rich.markup import escape
+
+    console.print(f"[bold yellow]interrupted:[/] {escape(str(err) or 'KeyboardInterrupt')}")
+    if run_dir is not None:
+        console.print(f"resume with: {resume_command(sys.argv[1:], run_dir)}", soft_wrap=True, markup=False,
+                      highlight=False)
+    raise typer.Exit(128 + int(getattr(signal, getattr(err, "signal_name", "SIGINT"), signal.SIGINT)))
+
+
+def _training_errors() -> tuple[type[Exception], ...]:
+    """Errors that end a run with a message and no traceback: bad data rows, missing files, models that do
+    not load, bad checkpoints, an unwritable or full output directory, too many non-finite steps."""
+    from tether.data.schemas import DataError
+    from tether.models.loading import ModelLoadError
+    from tether.trainers.checkpoint import CheckpointError
+    from tether.trainers.loop import NonFiniteError
+
+    return DataError, FileNotFoundError, ModelLoadError, CheckpointError, NonFiniteError
 
 
 def _default_out(name: str) -> Path:
@@ -61,6 +102,9 @@ def print_results(results: dict[str, dict]) -> None:
         accuracies.insert(0, (f"before {befores[0][0]}", befores[0][1]))
     if accuracies:
         console.print("held-out accuracy: " + " -> ".join(f"{s} {a:.1%}" for s, a in accuracies))
+    successes = [(s, f["success"]) for s, f in results.items() if "success" in f]  # agent stages
+    if successes:
+        console.print("held-out success: " + " -> ".join(f"{s} {a:.1%}" for s, a in successes))
 
 
 @app.command("recipes")
@@ -83,6 +127,8 @@ def run_cmd(
     overrides: Overrides = None,
     out: OutDir = None,
     resume: Annotated[bool, typer.Option(help="resume an interrupted stage from its checkpoint")] = True,
+    constitution: Annotated[str | None, typer.Option(
+        "--constitution", help="constitution file (YAML or text) for the stages that sample principles")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a recipe (default: the R1-style default recipe) and print accuracy before and after."""
@@ -94,17 +140,30 @@ def run_cmd(
         overrides.insert(0, recipe)
         recipe = None
     recipe = recipe or DEFAULT_RECIPE
+    run_dir = out
     try:
         data = apply_recipe_overrides(load_recipe(recipe), overrides)
+        if constitution is not None:
+            from tether.trainers.cai import with_constitution
+
+            try:
+                data = with_constitution(data, constitution)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         run_dir = out or _default_out(data.get("name", recipe))
         console.print(f"[bold]tether run[/] {data.get('name', recipe)} -> {run_dir}")
         start = time.perf_counter()
         results = run_recipe(data, run_dir, resume=resume)
-    except ConfigError as err:
+    except (ConfigError, *_training_errors()) as err:
         _fail(str(err))
+        return
+    except KeyboardInterrupt as err:
+        _stopped(err, run_dir)
         return
     print_results(results)
     console.print(f"done in {time.perf_counter() - start:.0f}s; results in {run_dir / 'results.json'}")
+    if (run_dir / "report.html").exists():
+        console.print(f"report in {run_dir / 'report.html'}")
 
 
 def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None, out: Path | None,
@@ -112,6 +171,7 @@ def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None
     from tether.pipeline import run_recipe
 
     _setup_logging(verbose)
+    run_dir = out
     try:
         data = load_yaml(config)
         data.setdefault("type", stage_type)
@@ -122,8 +182,11 @@ def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None
             apply_override(data, key, value)
         run_dir = out or _default_out(f"{stage_type}")
         results = run_recipe({"name": stage_type, "stages": [data]}, run_dir, resume=resume)
-    except ConfigError as err:
+    except (ConfigError, *_training_errors()) as err:
         _fail(str(err))
+        return
+    except KeyboardInterrupt as err:
+        _stopped(err, run_dir)
         return
     print_results(results)
     console.print(f"model in {run_dir / data['name']}")
@@ -150,6 +213,14 @@ _stage_command("dpo", "Offline preference optimisation (DPO, IPO, cDPO, hinge, R
                "from a config file.")
 _stage_command("grpo", "Critic-free RL (GRPO, Dr. GRPO, RLOO, REINFORCE, REINFORCE++, ReMax, DAPO); "
                "pick a preset with algorithm=NAME.")
+_stage_command("ppo", "PPO-RLHF with a critic (InstructGPT): GAE, per-token KL in the reward, clipped value "
+               "loss; kl.controller=adaptive for a target KL.")
+_stage_command("agent_sft", "SFT warm-up on tool-use demonstrations of an environment (tool messages masked).")
+_stage_command("agent", "Multi-turn tool-use RL in a sandboxed tool environment (GRPO family, optional GiGPO).")
+_stage_command("sl_cai", "SL-CAI: answer -> critique -> revise against a constitution (constitution=FILE), "
+               "then SFT on the revisions.")
+_stage_command("ai_labels", "RLAIF labels: two samples per prompt judged in both orders against a sampled principle.")
+_stage_command("spin", "SPIN: DPO iterations, SFT demonstrations against the model's own generations.")
 
 
 @app.command("eval")
@@ -163,8 +234,14 @@ def eval_cmd(
     option: Annotated[list[str] | None, typer.Option("--option", help="task option key=value")] = None,
     chat: Annotated[bool, typer.Option(help="wrap prompts in the chat template")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="write the figures as JSON")] = None,
+    best_of: Annotated[str | None, typer.Option(help="best-of-n accuracy for these n, e.g. 1,2,4,8,16")] = None,
+    scorer: Annotated[list[str] | None, typer.Option(help="best-of-n scorer: verifier, rm, judge (repeatable)")]
+    = None,
+    reward_model: Annotated[str | None, typer.Option(help="reward model directory for --scorer rm")] = None,
+    plot: Annotated[Path | None, typer.Option(help="best-of-n: save accuracy against n as a PNG")] = None,
+    scorer_option: Annotated[list[str] | None, typer.Option(help="best-of-n judge option key=value")] = None,
 ) -> None:
-    """Evaluate a model on a task's held-out split: greedy accuracy and pass@k."""
+    """Evaluate a model on a task's held-out split: greedy accuracy and pass@k, or best-of-n against n."""
     from tether.stages import evaluate
 
     _setup_logging(False)
@@ -173,8 +250,12 @@ def eval_cmd(
            "eval": {"task": task, "options": options, "n": n, "samples": samples, "temperature": temperature,
                     "max_new_tokens": max_new_tokens, "chat": chat}}
     try:
-        figures = evaluate(cfg)
-    except (ConfigError, ValueError) as err:
+        if best_of:
+            judge = dict(parse_overrides(list(scorer_option or [])))
+            figures = _best_of_n_eval(model, cfg["eval"], best_of, scorer or ["verifier"], reward_model, judge, plot)
+        else:
+            figures = evaluate(cfg)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
         _fail(str(err))
         return
     print_results({"eval": figures})
@@ -183,11 +264,44 @@ def eval_cmd(
         out.write_text(json.dumps(figures, indent=2))
 
 
+def _scorer_config(kind: str, reward_model: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    if kind not in ("verifier", "rm", "judge"):
+        raise ConfigError(f"unknown scorer {kind!r}; valid: verifier, rm, judge")
+    if kind == "rm" and not reward_model:
+        raise ConfigError("--scorer rm needs --reward-model PATH")
+    return {"kind": kind, "path": reward_model, "kwargs": kwargs if kind != "rm" else {}}
+
+
+def _best_of_n_eval(model: str, eval_cfg: dict[str, Any], best_of: str, scorers: list[str],
+                    reward_model: str | None, judge: dict[str, Any], plot: Path | None) -> dict[str, float]:
+    from tether.best_of_n import curves, run_best_of_n
+    from tether.config import EvalConfig
+
+    try:
+        ns = [int(x) for x in best_of.split(",")]
+    except ValueError:
+        raise ConfigError(f"--best-of takes comma-separated sample counts like 1,2,4,8, got {best_of!r}") from None
+    verifier_kwargs = {"task": eval_cfg["task"], "task_options": eval_cfg["options"]}
+    specs = {kind: _scorer_config(kind, reward_model, verifier_kwargs if kind == "verifier" else judge)
+             for kind in scorers}
+    figures = run_best_of_n(model, EvalConfig(**{**eval_cfg, "samples": 1}), ns, specs, plot=plot)
+    table = Table(title="best-of-n held-out accuracy")
+    table.add_column("n")
+    by_scorer = curves(figures)
+    for label in by_scorer:
+        table.add_column(label)
+    for k in sorted(set(ns)):
+        table.add_row(str(k), *(f"{by_scorer[label][k]:.1%}" for label in by_scorer))
+    console.print(table)
+    return figures
+
+
 @app.command("generate")
 def generate_cmd(
-    model: Annotated[str, typer.Option(help="checkpoint path, hub id or tether/tiny")],
-    prompts: Annotated[Path, typer.Option(help="jsonl with a 'prompt' field, or a text file (one per line)")],
-    out: Annotated[Path, typer.Option(help="output jsonl")] = Path("generations.jsonl"),
+    model: Annotated[str, typer.Option(help="checkpoint path or hub id (local engine); model id (openai engine)")],
+    prompts: Annotated[Path, typer.Option(help="jsonl / parquet with a 'prompt' field (other columns are kept), "
+                                               "or a text file (one per line)")],
+    out: Annotated[Path, typer.Option(help="output .jsonl or .parquet")] = Path("generations.jsonl"),
     n: Annotated[int, typer.Option(help="samples per prompt")] = 1,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -196,20 +310,86 @@ def generate_cmd(
     greedy: bool = False,
     seed: int | None = None,
     chat: Annotated[bool, typer.Option(help="wrap prompts in the chat template")] = False,
-    batch_size: int = 64,
+    prompt_template: Annotated[str, typer.Option(help="e.g. '{prompt}<think>'")] = "{prompt}",
+    batch_size: Annotated[int, typer.Option(help="samples per engine call and per flush to disk")] = 64,
+    overwrite: Annotated[bool, typer.Option(help="start over instead of resuming an existing --out")] = False,
+    engine: Annotated[str, typer.Option(help="local (in-process) or openai (an OpenAI-compatible endpoint)")]
+    = "local",
+    base_url: Annotated[str | None, typer.Option(help="openai engine: e.g. http://127.0.0.1:8000/v1")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="openai engine: variable holding the API key")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="openai engine: local tokenizer (default: --model)")] = None,
+    best_of: Annotated[int | None, typer.Option(help="sample N per prompt, keep the top-scored one")] = None,
+    scorer: Annotated[str, typer.Option(help="best-of scorer: verifier, rm or judge")] = "verifier",
+    reward_model: Annotated[str | None, typer.Option(help="reward model directory for --scorer rm")] = None,
+    scorer_option: Annotated[list[str] | None, typer.Option(help="verifier / judge option key=value, e.g. "
+                                                                 "task=arithmetic")] = None,
 ) -> None:
-    """Sample completions for a file of prompts; writes jsonl."""
+    """Sample completions for a file of prompts (resumable: re-run the same command to continue)."""
+    from tether.best_of_n import generate_best_of_n
     from tether.generation import generate_file
 
     _setup_logging(False)
+    options = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                   greedy=greedy, seed=seed, chat=chat, batch_size=batch_size, prompt_template=prompt_template,
+                   resume=not overwrite, engine=engine, tokenizer=tokenizer, base_url=base_url,
+                   api_key_env=api_key_env)
     try:
-        count = generate_file(model, prompts, out, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                              max_new_tokens=max_new_tokens, greedy=greedy, seed=seed, chat=chat,
-                              batch_size=batch_size)
+        if best_of:
+            spec = _scorer_config(scorer, reward_model, dict(parse_overrides(list(scorer_option or []))))
+            stats = generate_best_of_n(model, prompts, out, best_of, spec, **options)
+        else:
+            stats = generate_file(model, prompts, out, n=n, **options)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         _fail(str(err))
         return
-    console.print(f"wrote {count} completions to {out}")
+    resumed = f" ({stats['resumed']} found on disk, {stats['generated']} new)" if stats["resumed"] else ""
+    if best_of:
+        console.print(f"best of {best_of} for {stats['selected']} prompts (mean score "
+                      f"{stats['mean_best_score']:.3f}) in {out}; all samples in {out.stem}.samples.jsonl{resumed}")
+    else:
+        console.print(f"wrote {stats['records']} completions to {out}{resumed}")
+
+
+@app.command("report")
+def report_cmd(run_dir: Annotated[Path, typer.Argument(help="run directory (tether run --out DIR)")]) -> None:
+    """Write RUN_DIR/report.html: plots of every logged metric, evaluation figures, samples."""
+    from tether.report import write_report
+
+    _setup_logging(False)
+    try:
+        path = write_report(run_dir)
+    except FileNotFoundError as err:
+        _fail(str(err))
+        return
+    console.print(f"report in {path}")
+
+
+@app.command("serve")
+def serve_cmd(
+    model: Annotated[str, typer.Argument(help="checkpoint path, hub id or tether/tiny")],
+    port: Annotated[int, typer.Option(help="TCP port (0 = a free one, printed on start)")] = 8000,
+    host: Annotated[str, typer.Option(help="address to bind; keep the loopback default unless you need more")]
+    = "127.0.0.1",
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding the API key "
+                                                         "(clients send 'Authorization: Bearer KEY')")] = None,
+    model_name: Annotated[str | None, typer.Option(help="model id in the API (default: the folder name)")] = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    max_request_bytes: Annotated[int, typer.Option(help="larger request bodies get HTTP 413")] = 1 << 20,
+    max_n: Annotated[int, typer.Option(help="largest n accepted")] = 64,
+    max_tokens_limit: Annotated[int, typer.Option(help="largest max_tokens accepted")] = 4096,
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models)."""
+    from tether.serve import serve
+
+    _setup_logging(False)
+    try:
+        serve(model, host=host, port=port, model_name=model_name, api_key_env=api_key_env, device=device,
+              dtype=dtype, threads=threads, max_request_bytes=max_request_bytes, max_n=max_n,
+              max_tokens_limit=max_tokens_limit)
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as err:
+        _fail(str(err))
 
 
 def main() -> None:

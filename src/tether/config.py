@@ -61,6 +61,10 @@ class ModelConfig(StrictModel):
     lora: LoraConfig | None = None
     trust_remote_code: bool = False
     attn_implementation: str | None = None
+    config_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="built-in models only: LlamaConfig fields replacing the size's own, e.g. "
+                    "{num_hidden_layers: 2} for a shallower student")
 
 
 class OptimConfig(StrictModel):
@@ -85,9 +89,13 @@ class LoopConfig(StrictModel):
     eval_every: int | None = Field(None, ge=1)
     save_every: int | None = Field(None, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
+    max_bad_steps: int = Field(5, ge=1, description="non-finite steps in a row (each skipped) that stop the run")
     seed: int = 0
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU)")
     progress: bool = True
+    strategy: Literal["ddp", "fsdp2"] = Field(
+        "ddp", description="under torchrun: ddp (whole model per rank) or fsdp2 (sharded per decoder layer, "
+                           "sharded DCP checkpoints; also in one process)")
 
 
 class TaskSource(StrictModel):
@@ -152,8 +160,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
+    except (yaml.YAMLError, RecursionError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")

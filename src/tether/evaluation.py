@@ -43,6 +43,8 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
         "format": sum(format_reward(prompts, greedy.texts)) / len(prompts),
         "mean_length": sum(len(c) for c in greedy.completion_ids) / len(greedy.completion_ids),
     }
+    if hasattr(task, "metrics"):  # a task's own figures on the greedy completions (e.g. a violation rate)
+        results.update(task.metrics(records, greedy.texts))
     if cfg.samples > 1:
         sampled = engine.generate(ids, SamplingParams(n=cfg.samples, temperature=cfg.temperature,
                                                       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))

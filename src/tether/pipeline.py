@@ -125,6 +125,9 @@ def stage_config(raw: dict[str, Any]) -> StageConfig:
     stage_type = raw.get("type")
     if not stage_type:
         raise ConfigError(f"stage {raw.get('name', '?')!r} has no 'type'; valid: {', '.join(STAGE_TYPES)}")
+    if not isinstance(stage_type, str):
+        raise ConfigError(f"stage {raw.get('name', '?')!r}: 'type' must be a string, got {stage_type!r}; "
+                          f"valid: {', '.join(STAGE_TYPES)}")
     try:
         spec = STAGE_TYPES.get(stage_type)
     except KeyError as err:
@@ -133,6 +136,9 @@ def stage_config(raw: dict[str, Any]) -> StageConfig:
         return spec.config_class.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(f"stage {raw.get('name', stage_type)!r}: {err}") from None
+    except (TypeError, AttributeError, KeyError) as err:  # a validator that met a value of the wrong type
+        raise ConfigError(f"stage {raw.get('name', stage_type)!r}: a key has a value of the wrong type "
+                          f"({type(err).__name__}: {err}); check that every block is a mapping") from None
 
 
 def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[StageConfig]:
@@ -140,11 +146,19 @@ def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[S
     ``run_dir``; validating all of them up front makes a typo in the last stage fail before
     hours of training."""
     defaults = recipe.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"recipe 'defaults' must be a mapping, got {defaults!r:.80}")
     seen: list[str] = []
     configs = []
     for i, raw in enumerate(recipe["stages"]):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"recipe stage {i + 1} must be a mapping with 'name' and 'type', got {raw!r:.80}")
         raw = deep_merge(defaults, raw)
         raw.setdefault("name", raw.get("type", f"stage{i}"))
+        name = raw["name"]
+        if not isinstance(name, str) or not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0"):
+            raise ConfigError(f"stage name {name!r} must be a plain folder name (no '/', '\\', '.' or '..'): "
+                              "it names the stage's directory inside the run")
         if raw["name"] in seen:
             raise ConfigError(f"two stages are named {raw['name']!r}")
         resolved = resolve_references(raw, run_dir, set(seen))
@@ -180,11 +194,14 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
     """Run every stage in order; returns (and writes ``results.json``) figures keyed by stage.
     With ``report`` (the default) it then writes ``report.html`` (see ``tether.report``)."""
     from tether import stages  # noqa: F401  (registers the stage types)
+    from tether.trainers.distributed import init_distributed
 
     run_dir = Path(run_dir)
     configs = validate_recipe(recipe, run_dir)
+    main = init_distributed().is_main  # under torchrun every rank runs the stages, rank 0 writes the run's files
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    if main:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     results_path = run_dir / "results.json"
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.exists() else {}
     for cfg in configs:
@@ -195,8 +212,10 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
             results[name] = finished.get("results", {})
         else:
             results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
-            write_json_atomic(results_path, results)
-    write_json_atomic(results_path, results)
+            if main:
+                write_json_atomic(results_path, results)
+    if main:
+        write_json_atomic(results_path, results)
     if report:
         write_report_safely(run_dir)
     return results

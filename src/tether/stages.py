@@ -105,7 +105,46 @@ def _register_rl() -> None:
         return train_grpo(cfg, out=run_dir, resume=resume)
 
 
-_register_rl()
+def train_ppo(config: Any, *, out: str | Path, model: Any = None, tokenizer: Any = None, critic: Any = None,
+              dataset: Any = None, reward_functions: list | None = None, gold_functions: list | None = None,
+              resume: bool = False) -> dict[str, float]:
+    """PPO-RLHF with a critic (InstructGPT): GAE, per-token KL in the reward, clipped policy and value losses.
 
+    ``critic``: a value / reward / causal-LM model or path (default: ``config.critic``);
+    ``dataset``: prompt records (file, list of dicts or ``datasets.Dataset``); ``reward_functions``:
+    callables or a ``RewardModelScorer``, replacing ``config.rewards``; ``gold_functions``: rewards
+    only logged (``reward/gold``), replacing ``config.gold``.
+    """
+    from tether.trainers.ppo import PPOConfig, PPOTrainer
+
+    cfg = _coerce(config, PPOConfig)
+    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
+    records = None
+    if dataset is not None:
+        from tether.data import load_records
+
+        records = load_records(dataset)
+    trainer = PPOTrainer(cfg, model, tokenizer, out, critic=critic, records=records,
+                         reward_functions=reward_functions, gold_functions=gold_functions, stage=cfg.name or cfg.type)
+    return trainer.fit(resume=resume)
+
+
+def _register_ppo() -> None:
+    from tether.trainers.ppo import PPOConfig
+
+    @register_stage("ppo", PPOConfig, "PPO-RLHF with a critic (InstructGPT): GAE, KL in the reward, value loss")
+    def run_ppo(cfg: PPOConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+        return train_ppo(cfg, out=run_dir, resume=resume)
+
+
+_register_rl()
+_register_ppo()
+
+from tether import rlhf as _rlhf  # noqa: E402,F401  (registers gold_data, overoptimization)
+from tether.trainers import agent as _agent  # noqa: E402,F401  (registers agent_sft, agent)
+from tether.trainers import cai as _cai  # noqa: E402,F401  (registers sl_cai, ai_labels, rlaif)
+from tether.trainers import distill as _distill  # noqa: E402,F401  (generate, filter, self_distill, best_of_n)
+from tether.trainers import online_preference as _online_preference  # noqa: E402,F401  (registers online_dpo, judge_data)
 from tether.trainers import preference as _preference  # noqa: E402,F401  (registers the dpo stage)
 from tether.trainers import reward as _reward  # noqa: E402,F401  (registers the rm stage)
+from tether.trainers import spin as _spin  # noqa: E402,F401  (registers the spin stage)

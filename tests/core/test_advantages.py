@@ -316,3 +316,33 @@ def test_sequence_estimators_fold_token_rewards_into_the_return():
                              token_rewards=torch.tensor([[-0.1, -0.2], [-0.5, 0.0]]))
     out = compute_advantages("rloo", inputs)
     assert torch.allclose(out.advantages, torch.tensor([[1.2, 1.2], [-1.2, -1.2]]))
+
+
+def test_gae_matches_a_ppo_rlhf_reference_loop_on_right_padded_rows():
+    """PPO-RLHF's reward layout (-beta * KL on every token, the score added on the last one) on rows
+    of different lengths, against the padded reverse loop of lm-human-preferences / TRL, row by row."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = [5, 2, 0, 4, 1]
+    width, beta, gamma, lam = 6, 0.1, 0.9, 0.8
+    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).float()
+    kl = torch.randn(len(lengths), width, generator=gen).abs() * mask
+    values = torch.randn(len(lengths), width, generator=gen) * mask
+    scores = torch.randn(len(lengths), generator=gen)
+    inputs = AdvantageInputs(scores, mask, 1, token_rewards=-beta * kl, values=values)
+    out = compute_advantages("gae", inputs, gamma=gamma, lam=lam, whiten=False)
+    expected = torch.zeros(len(lengths), width)
+    for b, n in enumerate(lengths):
+        rewards = [-beta * float(kl[b, t]) for t in range(n)]
+        if n:
+            rewards[-1] += float(scores[b])
+        last_gae = 0.0
+        for t in reversed(range(n)):
+            next_value = float(values[b, t + 1]) if t + 1 < n else 0.0
+            delta = rewards[t] + gamma * next_value - float(values[b, t])
+            last_gae = delta + gamma * lam * last_gae
+            expected[b, t] = last_gae
+    torch.testing.assert_close(out.advantages, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out.returns, (expected + values) * mask, atol=1e-6, rtol=1e-6)
+    whitened = compute_advantages("gae", inputs, gamma=gamma, lam=lam, whiten=True)
+    torch.testing.assert_close(whitened.advantages, _loop_whiten(expected, mask), atol=1e-5, rtol=1e-5)
+    assert whitened.metrics["returns_mean"].item() == pytest.approx(float((expected + values)[mask != 0].mean()))

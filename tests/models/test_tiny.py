@@ -54,3 +54,16 @@ def test_lora_option_wraps_the_model():
     assert 0 < trainable < count_parameters(model) // 10
     with pytest.raises(FileNotFoundError):
         load_model("./no/such/model")
+
+
+def test_config_overrides_make_a_shallower_built_in_model(tmp_path):
+    """128 hidden, 384 MLP: a decoder layer holds 4*128*128 (attention) + 3*128*384 (MLP)
+    + 2*128 (norms) = 213,248 parameters, so dropping two of the four layers removes 426,496."""
+    tiny, _ = load_model("tether/tiny")
+    student, _ = load_model("tether/tiny", config_overrides={"num_hidden_layers": 2})
+    assert student.config.num_hidden_layers == 2
+    assert count_parameters(tiny) - count_parameters(student) == 2 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128)
+    with pytest.raises(ValueError, match="num_hidden_layerz"):
+        load_model("tether/tiny", config_overrides={"num_hidden_layerz": 2})
+    with pytest.raises(ValueError, match="built-in models only"):
+        load_model(str(save_tiny(tmp_path / "t")), config_overrides={"num_hidden_layers": 2})

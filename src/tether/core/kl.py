@@ -80,3 +80,56 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     aggregates it. An unknown name raises KeyError listing the valid ones.
     """
     return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)
+
+
+# ------------------------------------------------------------------------------ KL controllers
+
+
+class FixedKLController:
+    """A constant KL coefficient beta (Ziegler et al. 2019, "Fine-Tuning Language Models from
+    Human Preferences", the fixed-beta runs). ``update`` is a no-op, kept for the shared interface."""
+
+    def __init__(self, coef: float) -> None:
+        if coef < 0:
+            raise ValueError(f"the KL coefficient must be >= 0, got {coef}")
+        self.value = float(coef)
+
+    def update(self, kl: float, n_samples: int) -> float:
+        """Nothing to adapt; returns beta."""
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController(FixedKLController):
+    """Ziegler et al. 2019, section 2.2, the log-space proportional controller that steers KL to a target:
+
+        e_t = clip(KL_t / KL_target - 1, -0.2, 0.2),    beta_{t+1} = beta_t * (1 + K_beta * e_t)
+
+    with K_beta = n_samples / horizon, n_samples the episodes behind KL_t (lm-human-preferences
+    uses the batch size; the paper's K_beta = 0.1 with horizon 10000). ``kl`` is the mean
+    per-sequence KL(pi || pi_ref) of the batch in nats, the quantity the target is stated in.
+    Matches the paper and OpenAI's lm-human-preferences code.
+    """
+
+    def __init__(self, coef: float, *, target: float, horizon: int) -> None:
+        super().__init__(coef)
+        if target <= 0 or horizon <= 0:
+            raise ValueError(f"target ({target}) and horizon ({horizon}) must be > 0")
+        self.target, self.horizon = float(target), int(horizon)
+
+    def update(self, kl: float, n_samples: int) -> float:
+        """Move beta toward the value that holds ``kl`` at the target; returns the new beta."""
+        error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_samples / self.horizon
+        return self.value
+
+
+KL_CONTROLLERS: Registry[Callable[..., FixedKLController]] = Registry("KL controller")
+KL_CONTROLLERS.register("fixed")(lambda coef, **_: FixedKLController(coef))
+KL_CONTROLLERS.register("adaptive")(lambda coef, *, target, horizon, **_: AdaptiveKLController(
+    coef, target=target, horizon=horizon))

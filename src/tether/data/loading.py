@@ -58,9 +58,9 @@ def _read_path(path: Path, split: str) -> tuple[list[Any], list[int] | None, str
 
         try:
             data = datasets.load_from_disk(source)
-        except FileNotFoundError as e:
-            raise DataError(f"{source}: a directory must be one saved by datasets' save_to_disk ({e})",
-                            source=source) from None
+        except Exception as e:  # missing state files, a damaged arrow file, ...: all the same to the user
+            raise DataError(f"{source}: a directory must be one saved by datasets' save_to_disk "
+                            f"({type(e).__name__}: {e})", source=source) from None
         if isinstance(data, datasets.DatasetDict):
             data = _pick_split(data, split, source)
         return data.to_list(), None, source
@@ -71,17 +71,26 @@ def _read_path(path: Path, split: str) -> tuple[list[Any], list[int] | None, str
     if suffix == ".json":
         return _read_json(path), None, source
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist(), None, source
+        try:
+            return pq.read_table(path).to_pylist(), None, source
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{source}: not a readable parquet file ({e})", source=source) from None
     raise DataError(f"{source}: unknown file extension {path.suffix!r}; expected one of "
                     f"{', '.join(EXTENSIONS)} or a datasets directory", source=source)
 
 
 def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
     rows, lines = [], []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}, line {number}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1})", source=str(path), row=number) from None
             if not line.strip():
                 continue
             try:
@@ -89,6 +98,9 @@ def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}, line {number}: invalid JSON ({e.msg} at column {e.colno})",
                                 source=str(path), row=number) from None
+            except RecursionError:
+                raise DataError(f"{path}, line {number}: JSON nested too deeply", source=str(path),
+                                row=number) from None
             lines.append(number)
     return rows, lines
 
@@ -96,6 +108,10 @@ def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
 def _read_json(path: Path) -> list[Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 (at byte {e.start})", source=str(path)) from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply", source=str(path)) from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                         "use .jsonl for one object a line", source=str(path), row=e.lineno) from None

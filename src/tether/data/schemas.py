@@ -72,12 +72,22 @@ def _require(row: dict, field: str) -> Any:
     return row[field]
 
 
+def _encodable(value: str, field: str) -> str:
+    """Text a tokenizer can take: a lone surrogate (from a JSON ``\\ud800`` escape or a bad decode)
+    would fail deep inside the tokenizer instead."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _FieldError(field, f"not valid Unicode text ({err.reason} at character {err.start})") from None
+    return value
+
+
 def _text(value: Any, field: str) -> str:
     if not isinstance(value, str):
         raise _FieldError(field, f"expected a string, got {_type_name(value)}")
     if not value.strip():
         raise _FieldError(field, "empty text")
-    return value
+    return _encodable(value, field)
 
 
 def _messages(value: Any, field: str) -> list[dict]:
@@ -104,6 +114,8 @@ def _messages(value: Any, field: str) -> list[dict]:
             raise _FieldError(f"{where}.content", f"expected a string, got {_type_name(message['content'])}")
         elif not message["content"].strip() and not message.get("tool_calls"):
             raise _FieldError(f"{where}.content", "empty text")
+        else:
+            _encodable(message["content"], f"{where}.content")
         out.append(message)
     return out
 

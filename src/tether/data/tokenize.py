@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tether.data.schemas import DataError
+
 IGNORE_INDEX = -100
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,12 @@ def _eos(tokenizer: Any) -> int:
 def _render(tokenizer: Any, messages: list[dict], *, generation_prompt: bool, tools: Any = None) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("conversational records need a tokenizer with a chat template")
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+    except Exception as err:  # jinja2's TemplateError, or whatever the template's own code raised
+        raise ValueError(f"the tokenizer's chat template cannot render these messages "
+                         f"({type(err).__name__}: {err})") from err
     return _encode(tokenizer, text)
 
 
@@ -197,15 +203,18 @@ def tokenize_dataset(records: Sequence[dict], tokenizer: Any, *, kind: Literal["
         raise ValueError(f"kind must be 'sft' or 'text', got {kind!r}")
     stats = dict(records=len(records), examples=0, truncated=0, dropped=0, split=0, tokens=0, loss_tokens=0)
     examples: list[TokenizedExample] = []
-    for record in records:
-        if kind == "text":
-            chunks = tokenize_text(record, tokenizer, max_length=max_length)
-            stats["split"] += len(chunks) > 1
-            stats["dropped"] += not chunks
-        else:
-            example, status = _fit(_sft_example(record, tokenizer), max_length, overflow)
-            stats[status] = stats.get(status, 0) + 1
-            chunks = [example] if example is not None else []
+    for number, record in enumerate(records, start=1):
+        try:
+            if kind == "text":
+                chunks = tokenize_text(record, tokenizer, max_length=max_length)
+                stats["split"] += len(chunks) > 1
+                stats["dropped"] += not chunks
+            else:
+                example, status = _fit(_sft_example(record, tokenizer), max_length, overflow)
+                stats[status] = stats.get(status, 0) + 1
+                chunks = [example] if example is not None else []
+        except Exception as err:  # a template or tokenizer that does not fit this record
+            raise DataError(f"record {number}: cannot tokenise it ({err})", row=number) from err
         examples.extend(chunks)
     stats.pop("ok", None)
     stats["examples"] = len(examples)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,29 @@ from tether.models.tiny import SIZES, build_tiny
 log = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "tether/"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer that cannot be loaded (not a model directory, damaged files, a tokenizer that
+    does not fit the model); the message names the path and the reason."""
+
+
+def check_model_source(name_or_path: str) -> None:
+    """Fail early, with a clear message, on a path that cannot hold a model: missing (and not a hub id
+    such as ``org/name``), a file, or a directory without ``config.json``."""
+    path = Path(name_or_path)
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"model path {name_or_path!r} is a file; give a directory in the Hugging Face "
+                                 "layout (config.json, weights, tokenizer files) or a hub id")
+        if not (path / "config.json").exists():
+            hint = (" (a tether stage that has not finished? its checkpoints are in checkpoints/)"
+                    if (path / "checkpoints").is_dir() else "")
+            raise ModelLoadError(f"model path {name_or_path!r} has no config.json: not a Hugging Face model "
+                                 f"directory{hint}")
+    elif not _HUB_ID.fullmatch(name_or_path):
+        raise FileNotFoundError(f"model path {name_or_path!r} does not exist (and is not a hub id like 'org/name')")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -29,9 +54,13 @@ def builtin_size(name_or_path: str) -> str | None:
 
 
 def resolve_device(device: str) -> torch.device:
+    """``auto``: CUDA when available. Under torchrun a bare ``cuda`` is this rank's GPU (``LOCAL_RANK``)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None and "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return resolved
 
 
 def resolve_dtype(dtype: str) -> torch.dtype | str:
@@ -48,7 +77,13 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Pre
         from tether.models.tiny import build_tokenizer
 
         return build_tokenizer()
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    check_model_source(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except Exception as err:  # OSError, ValueError, JSON and tokenizers errors, depending on what is wrong
+        raise ModelLoadError(f"cannot load a tokenizer from {name_or_path!r}: {type(err).__name__}: {err}") from err
+    if isinstance(tokenizer, bool) or not callable(tokenizer):
+        raise ModelLoadError(f"{name_or_path!r} holds no usable tokenizer (got {type(tokenizer).__name__})")
     if tokenizer.pad_token_id is None:
         # Reusing EOS as pad would mask the EOS we train on; add a distinct pad token instead.
         tokenizer.add_special_tokens({"pad_token": "<pad>"})
@@ -65,28 +100,36 @@ def load_model(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    config_overrides: dict[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer.
 
     ``name_or_path`` is a local directory, a hub id, or a built-in offline model
-    (``tether/tiny`` ~1M parameters, ``tether/small`` ~26M) built from ``seed``.
+    (``tether/tiny`` ~1M parameters, ``tether/small`` ~26M) built from ``seed``, whose
+    dimensions ``config_overrides`` may change (``{"num_hidden_layers": 2}``).
     ``lora`` (keys of ``peft.LoraConfig``) wraps the model in a LoRA adapter.
     """
     size = builtin_size(name_or_path)
+    if config_overrides and not size:
+        raise ValueError(f"config_overrides apply to the built-in models only, not to {name_or_path!r}")
     if size:
-        model, tok = build_tiny(size, seed=seed)
+        model, tok = build_tiny(size, seed=seed, **(config_overrides or {}))
         tokenizer = tokenizer or tok
         if dtype not in ("auto", "float32"):
             model = model.to(resolve_dtype(dtype))
     else:
-        if not Path(name_or_path).exists() and name_or_path.startswith((".", "/")):
-            raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
+        check_model_source(name_or_path)
         kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        except Exception as err:  # OSError, ValueError, safetensors and JSON errors, depending on what is wrong
+            raise ModelLoadError(f"cannot load a causal LM from {name_or_path!r}: {type(err).__name__}: "
+                                 f"{err}") from err
         tokenizer = tokenizer or load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
         if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            # a documented recovery: a tokenizer that added tokens (e.g. our pad) gets rows for them
             model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
     model = model.to(resolve_device(device))
@@ -101,11 +144,26 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Any, *, loader: Any = None) -
     if model is not None and not isinstance(model, str | Path):
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with a loaded model")
+        check_tokenizer_fits(model, tokenizer)
         return model, tokenizer
     loader = loader or load_model
+    extra = {"config_overrides": cfg.config_overrides} if getattr(cfg, "config_overrides", None) else {}
     return loader(str(model or cfg.name_or_path), dtype=cfg.dtype, device=cfg.device, seed=cfg.seed,
                   lora=cfg.lora.model_dump() if cfg.lora else None, trust_remote_code=cfg.trust_remote_code,
-                  attn_implementation=cfg.attn_implementation)
+                  attn_implementation=cfg.attn_implementation, **extra)
+
+
+def check_tokenizer_fits(model: Any, tokenizer: Any) -> None:
+    """A tokenizer whose ids run past the model's embedding table would fail at the first forward pass
+    with an index error; say so before training."""
+    try:
+        rows = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):
+        return
+    if len(tokenizer) > rows:
+        raise ModelLoadError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding table has "
+                             f"{rows} rows: pass the model's own tokenizer, or call "
+                             "model.resize_token_embeddings(len(tokenizer)) first")
 
 
 def apply_lora(model: PreTrainedModel, lora: dict[str, Any]) -> PreTrainedModel:

@@ -66,14 +66,20 @@ def build_tokenizer(max_length: int = 512) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def tiny_config(size: str = "tiny", vocab_size: int | None = None, max_position_embeddings: int = 512) -> LlamaConfig:
+def tiny_config(size: str = "tiny", vocab_size: int | None = None, max_position_embeddings: int = 512,
+                **overrides: int) -> LlamaConfig:
+    """The ``LlamaConfig`` of a built-in size; ``overrides`` (``num_hidden_layers=2``, ...) replace its
+    dimensions, e.g. for a shallower distillation student."""
     if size not in SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; valid sizes: {', '.join(SIZES)}")
-    dims = SIZES[size]
+    dims = {**SIZES[size], **overrides}
+    unknown = sorted(set(overrides) - set(LlamaConfig().to_dict()))
+    if unknown:
+        raise ValueError(f"unknown LlamaConfig field(s) {unknown} in the model's config_overrides")
+    dims.setdefault("num_key_value_heads", dims["num_attention_heads"])
     return LlamaConfig(
         vocab_size=vocab_size or len(character_vocab()),
         max_position_embeddings=max_position_embeddings,
-        num_key_value_heads=dims["num_attention_heads"],
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         pad_token_id=0,
@@ -83,10 +89,11 @@ def tiny_config(size: str = "tiny", vocab_size: int | None = None, max_position_
     )
 
 
-def build_tiny(size: str = "tiny", seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """Build the tiny model and its tokenizer deterministically from ``seed``."""
+def build_tiny(size: str = "tiny", seed: int = 0, **overrides: int) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """Build the tiny model and its tokenizer deterministically from ``seed`` (``overrides``: see
+    :func:`tiny_config`)."""
     tokenizer = build_tokenizer()
-    config = tiny_config(size, vocab_size=len(tokenizer))
+    config = tiny_config(size, vocab_size=len(tokenizer), **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

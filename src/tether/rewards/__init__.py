@@ -4,6 +4,7 @@ Knows nothing about training: reward functions map text to numbers, the composer
 of them into one tensor per batch, and shaping functions map token lengths to penalties.
 """
 
+from tether.rewards import cai, code, trajectory  # noqa: F401  (register judge (d-RLAIF), code_tests, trajectory)
 from tether.rewards.combine import (
     RewardComposer,
     RewardFunctionError,

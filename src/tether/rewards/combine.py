@@ -9,6 +9,10 @@ is the trainer's decision, not this module's.
 
 A function with weight 0 still counts toward ``valid``: zero-weight functions are for logging,
 and a sample scored only by them is valid with total 0.
+
+"Non-finite" includes values a float32 reward tensor cannot hold (``1e300``, an ``int`` beyond any
+float): they would become ``inf`` and poison every advantage of the batch. A weighted sum that
+overflows leaves its sample with no reward (``total`` NaN, ``valid`` False) for the same reason.
 """
 
 from __future__ import annotations
@@ -246,6 +250,7 @@ class RewardComposer:
         weights = torch.tensor([s.weight for s in self.specs], dtype=stacked.dtype).unsqueeze(1)
         valid = present.any(dim=0)
         total = torch.where(present, weights * stacked, torch.zeros_like(stacked)).sum(dim=0)
+        valid = valid & torch.isfinite(total)  # a weighted sum beyond float32
         total = torch.where(valid, total, torch.full_like(total, math.nan))
         return RewardResult(total, per_function, valid, errors, nonfinite)
 
@@ -330,7 +335,17 @@ def _check(label: str, returned: Any, n: int, *, offset: int) -> list[float | No
         if value is None:
             values.append(None)
         elif isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0:
-            values.append(float(value))
+            try:
+                values.append(float(value))
+            except OverflowError:  # an int beyond any float
+                values.append(math.inf)
+            except (TypeError, ValueError):  # a 0-d array of strings, say
+                raise RewardFunctionError(
+                    f"reward function {label!r} returned {type(value).__name__} {value!r:.80} for sample "
+                    f"{offset + j}; expected float or None",
+                    function=label,
+                    index=offset + j,
+                ) from None
         else:
             raise RewardFunctionError(
                 f"reward function {label!r} returned {type(value).__name__} {value!r:.80} for sample "
@@ -341,10 +356,15 @@ def _check(label: str, returned: Any, n: int, *, offset: int) -> list[float | No
     return values
 
 
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def _to_tensor(values: list[float | None]) -> tuple[Tensor, int]:
-    """Shape (N,) float32 with NaN for None; non-finite values become NaN too and are counted."""
-    nonfinite = sum(1 for v in values if v is not None and not math.isfinite(v))
-    tensor = torch.tensor(
-        [math.nan if v is None or not math.isfinite(v) else v for v in values], dtype=torch.float32
-    )
+    """Shape (N,) float32 with NaN for None; non-finite values (and those beyond float32) become NaN
+    too and are counted."""
+    def bad(v: float) -> bool:
+        return not math.isfinite(v) or abs(v) > _FLOAT32_MAX
+
+    nonfinite = sum(1 for v in values if v is not None and bad(v))
+    tensor = torch.tensor([math.nan if v is None or bad(v) else v for v in values], dtype=torch.float32)
     return tensor, nonfinite

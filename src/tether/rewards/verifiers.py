@@ -244,3 +244,33 @@ def length_reward(
         raise ValueError(f"unit must be 'chars' or 'words', got {unit!r}")
     lengths = [len(c) if unit == "chars" else len(c.split()) for c in completions]
     return [-scale * abs(length - target) for length in lengths]
+
+
+@REWARD_FUNCTIONS.register("worked_solution")
+def worked_solution_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    task: str = "arithmetic",
+    task_options: dict | None = None,
+    **_columns,
+) -> list[float | None]:
+    """Process-level correctness: 1.0 when the completion is the task's worked solution of its prompt,
+    every step of the ``<think>`` trace and the answer (for arithmetic: every column sum and carry),
+    else 0.0; None for a prompt the task cannot read. Needs a task with ``solve(prompt)``.
+
+    Stricter than ``accuracy``, which reads only the answer. A small model sampled at a temperature
+    often reaches the right answer through wrong steps (measured: 38% of the right answers of the
+    250-step SFT model of ``online-dpo-arithmetic`` at temperature 0.3), and training on those as
+    "correct" teaches wrong steps.
+    """
+    verifier = get_task(task, **(task_options or {}))
+    solve = getattr(verifier, "solve", None)
+    if solve is None:
+        raise ValueError(f"task {task!r} cannot check worked solutions (it has no solve(prompt))")
+    scores: list[float | None] = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        problem = solve(prompt) if isinstance(prompt, str) else None
+        expected = None if problem is None else f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
+        scores.append(None if expected is None else float(completion.strip() == expected))
+    return scores

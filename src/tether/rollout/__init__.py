@@ -2,5 +2,7 @@
 
 from tether.rollout.base import GenerationEngine, Rollout, SamplingParams
 from tether.rollout.hf_engine import HFEngine, sample_tokens
+from tether.rollout.openai_engine import EndpointError, OpenAIEngine, TextRollout
 
-__all__ = ["GenerationEngine", "HFEngine", "Rollout", "SamplingParams", "sample_tokens"]
+__all__ = ["EndpointError", "GenerationEngine", "HFEngine", "OpenAIEngine", "Rollout", "SamplingParams", "TextRollout",
+           "sample_tokens"]

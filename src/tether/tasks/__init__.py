@@ -1,6 +1,6 @@
 """Synthetic tasks with verifiers, used by the built-in recipes, tests and benchmarks."""
 
-from tether.tasks import arithmetic  # noqa: F401  (registers the task)
+from tether.tasks import arithmetic, code, multiplication, secret  # noqa: F401  (register the tasks)
 from tether.tasks.base import (
     TASKS,
     Problem,

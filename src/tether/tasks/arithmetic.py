@@ -11,6 +11,7 @@ so a ~1M-parameter model only ever has to add two digits and a carry at each ste
 from __future__ import annotations
 
 import random
+import re
 
 from tether.tasks.base import TASKS, Problem, extract_answer
 
@@ -78,6 +79,16 @@ class Arithmetic:
 
     def sample(self, rng: random.Random) -> Problem:
         a, b, op = self._operand(rng), self._operand(rng), rng.choice(self.operators)
+        result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return Problem(prompt=f"{a}{op}{b}=", answer=str(result), reasoning=TRACES[op](a, b))
+
+    def solve(self, prompt: str) -> Problem | None:
+        """The problem a prompt such as ``47+85=`` states, with its answer and worked steps; None when
+        the prompt is not one this task writes."""
+        match = re.fullmatch(r"\s*(\d+)([+*-])(\d+)=\s*", prompt)
+        if match is None or match[2] not in self.operators:
+            return None
+        a, op, b = int(match[1]), match[2], int(match[3])
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
         return Problem(prompt=f"{a}{op}{b}=", answer=str(result), reasoning=TRACES[op](a, b))
 

@@ -62,9 +62,11 @@ def extract_answer(completion: str) -> str:
 
 
 def format_completion(problem: Problem, think: bool) -> str:
+    # A problem whose gold answer is not what a demonstration writes (code: hidden tests) has a solution.
+    answer = getattr(problem, "solution", None) or problem.answer
     if think:
-        return f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
-    return problem.answer
+        return f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{answer}"
+    return answer
 
 
 def draw_problems(

@@ -4,16 +4,28 @@ Layout of a stage directory::
 
     <stage>/checkpoints/step-000050/   model (save_pretrained, safetensors) + tokenizer
                                         + trainer_state.pt (optimizer, scheduler, RNG, step, extra)
+                                        + manifest.json (size and sha256 of every other file)
     <stage>/config.json, model.safetensors, tokenizer.json, ...   the final model
     <stage>/stage.json                  written last: marks the stage finished
+
+Only names ``step-<digits>`` are complete checkpoints: a write in progress is ``step-N.tmp``, a
+checkpoint being replaced or pruned is renamed to ``step-N.old.tmp`` before it is deleted, and one
+that failed verification on resume is set aside as ``step-N.corrupt``. The manifest is written
+inside the ``.tmp`` directory before the rename, so a checkpoint is never visible without it, and
+:func:`verify_checkpoint` detects a file that was later truncated, changed or deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
+import re
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +37,18 @@ STEP_PREFIX = "step-"
 TMP_SUFFIX = ".tmp"
 STATE_FILE = "trainer_state.pt"
 DONE_FILE = "stage.json"
+MANIFEST_FILE = "manifest.json"
+CORRUPT_SUFFIX = ".corrupt"
+# Fault injection for the kill-and-resume tests: sleep this many seconds in the middle of every
+# checkpoint write (between the weights and the trainer state). Unset in normal use.
+FAULT_DELAY_ENV = "TETHER_FAULT_SAVE_DELAY"
+_STEP_NAME = re.compile(re.escape(STEP_PREFIX) + r"(\d+)")
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read back intact; the message names the directory and file."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -43,12 +67,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):  # its attributes may proxy the model's
+        return model.module
     return model.module if hasattr(model, "module") and not hasattr(model, "peft_config") else model
 
 
-def save_weights(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
+def save_weights(model: torch.nn.Module, tokenizer: Any, path: Path,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``save_pretrained`` (+ tokenizer); ``state_dict``: the weights to write, when the model's own
+    parameters are shards (FSDP2: gathered by ``parallel.full_state_dict``)."""
     model = unwrap(model)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
 
@@ -67,7 +96,10 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
         raise FileNotFoundError(f"no model weights in checkpoint {path}")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(file))
+        try:
+            state.update(load_file(file))
+        except Exception as err:  # safetensors raises its own error types on a damaged file
+            raise CheckpointError(f"checkpoint {path}: cannot read {file.name}: {err}") from err
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied]
@@ -85,34 +117,168 @@ def list_checkpoints(stage_dir: Path) -> list[Path]:
     root = checkpoint_dir(stage_dir)
     if not root.exists():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and not p.name.endswith(TMP_SUFFIX)
-            and (p / STATE_FILE).exists()]
-    return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+    done = [p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name) and (p / STATE_FILE).exists()]
+    return sorted(done, key=checkpoint_step)
 
 
+def checkpoint_step(path: Path) -> int:
+    return int(path.name[len(STEP_PREFIX):])
+
+
+# ---- integrity -------------------------------------------------------------------------------------
+def _file_digest(path: Path, *, sync: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+        if sync:  # on disk before the rename publishes the checkpoint (power loss, not just a kill)
+            os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # not every file system can sync a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def write_manifest(directory: Path) -> None:
+    """``manifest.json``: size and sha256 of every file under ``directory``, each synced to disk first."""
+    files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _file_digest(p, sync=True)}
+             for p in _checkpoint_files(directory)}
+    with open(directory / MANIFEST_FILE, "w") as f:
+        json.dump({"format": 1, "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def verify_checkpoint(directory: Path) -> bool:
+    """Check every file against ``manifest.json``; raises :class:`CheckpointError` naming the first
+    missing, truncated or changed file. Returns False (with a warning) for a checkpoint without a
+    manifest, which was written by an older version and cannot be checked."""
+    manifest_path = directory / MANIFEST_FILE
+    if not manifest_path.exists():
+        log.warning("checkpoint %s has no %s (an older format); loading it unverified", directory, MANIFEST_FILE)
+        return False
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"checkpoint {directory}: {MANIFEST_FILE} is unreadable ({err})") from None
+    for name, entry in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {directory}: file {name!r} is missing")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"checkpoint {directory}: file {name!r} is {size} bytes, the manifest says "
+                                  f"{entry['bytes']} (truncated or overwritten)")
+        if _file_digest(path) != entry["sha256"]:
+            raise CheckpointError(f"checkpoint {directory}: file {name!r} does not match its sha256 in "
+                                  f"{MANIFEST_FILE} (corrupted)")
+    return True
+
+
+def set_aside(checkpoint: Path) -> Path:
+    """Rename a checkpoint that failed verification to ``step-N.corrupt`` (kept for inspection,
+    never loaded, never deleted by tether)."""
+    target = checkpoint.with_name(checkpoint.name + CORRUPT_SUFFIX)
+    n = 1
+    while target.exists():
+        target = checkpoint.with_name(f"{checkpoint.name}{CORRUPT_SUFFIX}{n}")
+        n += 1
+    os.replace(checkpoint, target)
+    return target
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory without ever leaving it half-deleted under a complete checkpoint's name."""
+    doomed = path.with_name(path.name + ".old" + TMP_SUFFIX)
+    if doomed.exists():
+        shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _fault_delay() -> None:
+    delay = os.environ.get(FAULT_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
+
+
+# ---- save and load ---------------------------------------------------------------------------------
 def save_checkpoint(stage_dir: Path, step: int, model: torch.nn.Module, tokenizer: Any,
-                    trainer_state: dict[str, Any], *, keep: int = 2) -> Path:
+                    trainer_state: dict[str, Any], *, keep: int = 2,
+                    write_model: Callable[[Path], None] | None = None) -> Path:
+    """Write ``step-N`` atomically (a ``.tmp`` directory with its manifest, then a rename) and prune
+    to the ``keep`` newest. A failed write (disk full, read-only) removes its ``.tmp`` and raises
+    :class:`CheckpointError`; earlier checkpoints are untouched."""
     root = checkpoint_dir(stage_dir)
     final = root / f"{STEP_PREFIX}{step:06d}"
     tmp = root / (final.name + TMP_SUFFIX)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_weights(model, tokenizer, tmp)
-    torch.save(trainer_state, tmp / STATE_FILE)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("*" + TMP_SUFFIX):  # left by a killed write or prune
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        if write_model is None:
+            save_weights(model, tokenizer, tmp)
+        else:  # another layout of the model, e.g. FSDP2's DCP shards (parallel.save_sharded_checkpoint)
+            write_model(tmp)
+        _fault_delay()
+        torch.save(trainer_state, tmp / STATE_FILE)
+        write_manifest(tmp)
+    except Exception as err:  # ENOSPC and friends surface as OSError, RuntimeError or a safetensors error
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = list_checkpoints(stage_dir)
+        kept = f"the last checkpoint, {previous[-1]}, is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(f"could not write checkpoint {final} ({type(err).__name__}: {err}); {kept}") from err
     if final.exists():
-        shutil.rmtree(final)
+        _discard(final)
     os.replace(tmp, final)
+    _fsync_dir(root)
     for old in list_checkpoints(stage_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+    except Exception as err:  # a damaged zip / pickle raises from deep inside torch
+        raise CheckpointError(f"checkpoint {checkpoint}: cannot read {STATE_FILE}: {err}") from err
 
 
-def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, merge_lora: bool = True) -> None:
+def check_output_dir(path: Path, *, need_bytes: int = 0) -> None:
+    """Fail before training if ``path`` cannot be created and written, or its file system has less
+    than ``need_bytes`` free (about one checkpoint); raises :class:`CheckpointError` saying which."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}{TMP_SUFFIX}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"output directory {str(path)!r} is not writable ({err.strerror or err}); "
+                              "choose another with --out") from None
+    free = shutil.disk_usage(path).free
+    if free < need_bytes:
+        raise CheckpointError(f"output directory {str(path)!r} has {free / 2**20:.1f} MiB free, less than one "
+                              f"checkpoint needs (about {need_bytes / 2**20:.1f} MiB)")
+
+
+def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, merge_lora: bool = True,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write the final model into ``stage_dir`` itself (Hugging Face layout), file by file atomically."""
     tmp = stage_dir / (".final" + TMP_SUFFIX)
     if tmp.exists():
@@ -123,7 +289,7 @@ def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, mer
         import copy
 
         model = copy.deepcopy(model).merge_and_unload()
-    save_weights(model, tokenizer, tmp)
+    save_weights(model, tokenizer, tmp, state_dict)
     for file in tmp.iterdir():
         os.replace(file, stage_dir / file.name)
     tmp.rmdir()

@@ -9,14 +9,23 @@ exact resume, metrics, evaluation cadence, the progress bar and rank awareness.
 Losses returned by a trainer's loss function are already divided by the *global*
 denominator of the whole accumulated (and, under torchrun, all-rank) batch, so the
 gradient sum over micro-batches is the gradient of the global mean.
+
+Faults: SIGINT / SIGTERM during ``train`` finish the current step, write a checkpoint and raise
+:class:`TrainingInterrupted` (a second signal stops at once); resume takes the newest checkpoint
+that verifies against its manifest and falls back past corrupted ones; a non-finite loss or
+gradient skips the update, and ``train.max_bad_steps`` in a row stop the run with a diagnostic
+naming the parameters and micro-batches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +39,8 @@ from transformers import (
 
 from tether.config import OptimConfig, StageConfig
 from tether.trainers import checkpoint as ckpt
-from tether.trainers.distributed import DistInfo, all_reduce_sum
+from tether.trainers import parallel
+from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
 from tether.trainers.metrics import MetricsLogger, to_float
 
 log = logging.getLogger(__name__)
@@ -42,13 +52,78 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive steps produced a non-finite loss or gradient."""
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM stopped training after a whole step; ``checkpoint`` holds it (None off rank 0).
+    A ``KeyboardInterrupt``, so code that catches ``Exception`` does not swallow the stop."""
+
+    def __init__(self, message: str, *, signal_name: str, step: int, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+
+
+class _StopSignals:
+    """While active (main thread only), SIGINT and SIGTERM set ``name`` instead of stopping the
+    process; a second signal raises KeyboardInterrupt at once. The previous handlers come back on exit."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.name is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping without finishing the step")
+        self.name = signal.Signals(signum).name
+        log.warning("%s received: finishing the current step, then writing a checkpoint (send it again to "
+                    "stop at once)", self.name)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[_StopSignals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        try:
+            for name in self.SIGNALS:
+                signum = getattr(signal, name)
+                self._previous[signum] = signal.signal(signum, self._handle)
+            yield self
+        finally:
+            for signum, previous in self._previous.items():
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            self._previous.clear()
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About the size of one checkpoint: the weights and AdamW's two float32 moments per trainable value."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights + sum(8 * p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """The total gradient norm, clipping to ``max_norm`` only when it is finite, so that a non-finite
+    gradient stays as it was for the diagnostic (the step is skipped anyway)."""
+    utils = torch.nn.utils
+    if not hasattr(utils, "clip_grads_with_norm_"):  # torch < 2.6
+        return to_float(utils.clip_grad_norm_(params, max_norm))
+    total = utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    norm = to_float(total)
+    if math.isfinite(norm):
+        utils.clip_grads_with_norm_(params, max_norm, total)
+    return norm
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *,
+                    parts: list[tuple[Iterable[torch.nn.Parameter], float]] | None = None) -> torch.optim.Optimizer:
+    """AdamW, weight decay on matrices only. ``parts``: (parameters, learning rate) pairs giving parts
+    of the model their own rate (PPO's critic); default the whole model at ``cfg.lr``."""
+    groups = []
+    for part, lr in parts or [(model.parameters(), cfg.lr)]:
+        params = [p for p in part if p.requires_grad]
+        groups += [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay, "lr": lr},
+                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr}]
+    if not any(g["params"] for g in groups):
         raise ValueError("the model has no trainable parameters")
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
 
 
@@ -73,14 +148,19 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.stage = stage or config.name or config.type or "train"
         self.stage_dir = self.run_dir / self.stage
-        self.dist = DistInfo.current()
+        self.dist = init_distributed()  # joins torchrun's process group; a no-op in one process
+        self.sharded = config.train.strategy == "fsdp2"  # checkpoints in DCP shards (parallel.py)
+        self._parallel = False
         self.step = 0
         self.skipped_steps = 0
         self._bad_in_a_row = 0
-        self.max_bad_steps = 5
+        self._first_bad: str | None = None
+        self.max_bad_steps = config.train.max_bad_steps
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
-        self.optimizer = build_optimizer(model, config.optim)
+        if self.dist.is_main:  # a read-only or full output directory fails here, not at the first checkpoint
+            ckpt.check_output_dir(self.run_dir, need_bytes=checkpoint_bytes(model))
+        self.optimizer = build_optimizer(model, config.optim, parts=self.optimizer_parts())
         self.scheduler = build_scheduler(self.optimizer, config.optim, self.total_updates())
         self.logger = MetricsLogger(self.run_dir, self.stage, report_to=config.report_to,
                                     enabled=self.dist.is_main, config=config.model_dump(mode="json"))
@@ -100,7 +180,15 @@ class Trainer:
             return {}
         from tether.evaluation import evaluate_task
 
-        return evaluate_task(self.model, self.tokenizer, self.config.eval)
+        return evaluate_task(parallel.unwrap(self.model), self.tokenizer, self.config.eval)
+
+    def optimizer_parts(self) -> list[tuple[Iterable[torch.nn.Parameter], float]] | None:
+        """(parameters, learning rate) per part of ``self.model`` with its own rate; None: one rate."""
+        return None
+
+    def load_model_weights(self, checkpoint: Path) -> None:
+        """Restore ``self.model``'s weights from a checkpoint; a model of several parts overrides this."""
+        ckpt.load_weights(self.model, checkpoint)
 
     def extra_state(self) -> dict[str, Any]:
         """Trainer-specific state to checkpoint (e.g. a running baseline)."""
@@ -110,6 +198,23 @@ class Trainer:
         pass
 
     # ---- shared machinery ---------------------------------------------------------------------
+    def parallelize(self) -> None:
+        """Under torchrun, wrap the model as ``train.strategy`` says (once, when training starts, so
+        that copies a trainer made in ``__init__`` stay whole); FSDP2 replaces the parameters, so the
+        still unused optimiser and schedule are rebuilt over the sharded ones."""
+        if self._parallel:
+            return
+        self._parallel = True
+        wrapped = parallel.wrap_model(self.model, self.config.train.strategy)
+        if wrapped is self.model and not parallel.is_sharded(wrapped):
+            return
+        self.model = wrapped
+        if parallel.is_sharded(wrapped):
+            self.optimizer = build_optimizer(wrapped, self.config.optim, parts=self.optimizer_parts())
+            self.scheduler = build_scheduler(self.optimizer, self.config.optim, self.total_updates())
+            # evaluation generates a different number of tokens per rank: whole weights, no per-call gathers
+            self.evaluate = parallel.gathered(wrapped, self.evaluate)
+
     def global_count(self, local: float | torch.Tensor) -> float:
         """A count summed over ranks, scaled for DDP's gradient averaging, for use as a loss denominator."""
         total = float(all_reduce_sum(local))
@@ -120,40 +225,65 @@ class Trainer:
         self.model.train()
         totals: dict[str, float] = {}
         loss_sum, n = 0.0, 0
+        bad_batches = []
         for batch in micro_batches:
             loss, metrics = loss_fn(batch)
             loss.backward()
-            loss_sum += to_float(loss)
+            value = to_float(loss)
+            if not math.isfinite(value):
+                bad_batches.append(n)
+            loss_sum += value
             n += 1
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + to_float(value)
         out = {k: v / max(n, 1) for k, v in totals.items()}
         out["loss"] = loss_sum
         params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.config.optim.max_grad_norm or float("inf")
-        grad_norm = to_float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = clip_gradients(params, self.config.optim.max_grad_norm or float("inf"))
         out["grad_norm"] = grad_norm
         out["lr"] = self.scheduler.get_last_lr()[0]
         if not (math.isfinite(grad_norm) and math.isfinite(loss_sum)):
             self.skipped_steps += 1
             self._bad_in_a_row += 1
+            diagnostic = self.nonfinite_diagnostic(bad_batches, n, loss_sum, grad_norm)
+            self._first_bad = self._first_bad or diagnostic
             self.optimizer.zero_grad(set_to_none=True)
-            log.warning("non-finite loss or gradient at step %d: update skipped", self.step)
+            log.warning("%s: update skipped (%d in a row, %d allowed)", diagnostic, self._bad_in_a_row,
+                        self.max_bad_steps - 1)
             if self._bad_in_a_row >= self.max_bad_steps:
-                raise NonFiniteError(f"{self._bad_in_a_row} consecutive non-finite steps (last at step "
-                                     f"{self.step}, loss={loss_sum}, grad_norm={grad_norm})")
+                first = "" if self._bad_in_a_row == 1 else f"; the first of them: {self._first_bad}"
+                raise NonFiniteError(f"{self._bad_in_a_row} consecutive non-finite steps (train.max_bad_steps="
+                                     f"{self.max_bad_steps}); the last: {diagnostic}{first}")
         else:
             self._bad_in_a_row = 0
+            self._first_bad = None
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         out["skipped_steps"] = self.skipped_steps
         return out
 
+    def nonfinite_diagnostic(self, bad_batches: list[int], n_batches: int, loss: float, grad_norm: float) -> str:
+        """Which step, which micro-batches had a non-finite loss, which parameters a non-finite gradient."""
+        names, total = [], 0
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            total += 1
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # a DTensor shard under FSDP
+            if grad is not None and not bool(torch.isfinite(grad).all()):
+                names.append(name)
+        shown = ", ".join(names[:8]) + (f", ... ({len(names) - 8} more)" if len(names) > 8 else "")
+        grads = f"non-finite gradient in {len(names)} of {total} parameters ({shown})" if names else \
+            "every gradient finite"
+        batches = (f"non-finite loss in micro-batch(es) {', '.join(map(str, bad_batches))} of {n_batches}"
+                   if bad_batches else f"finite loss in all {n_batches} micro-batch(es)")
+        return f"step {self.step + 1}: loss={loss}, grad_norm={grad_norm}; {batches}; {grads}"
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            **({} if self.sharded else {"optimizer": self.optimizer.state_dict()}),  # sharded: in the DCP shards
             "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(),
             "skipped_steps": self.skipped_steps,
@@ -161,27 +291,59 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path | None:
+        if self.sharded:  # every rank writes its shards
+            return parallel.save_sharded_checkpoint(self.stage_dir, self.step, self.model, self.optimizer,
+                                                    self.tokenizer, self.state_dict(),
+                                                    keep=self.config.train.keep_checkpoints)
         if not self.dist.is_main:
             return None
         return ckpt.save_checkpoint(self.stage_dir, self.step, self.model, self.tokenizer, self.state_dict(),
                                     keep=self.config.train.keep_checkpoints)
 
     def resume(self) -> bool:
-        """Restore the latest complete checkpoint of this stage; False if there is none."""
+        """Restore the newest checkpoint of this stage that verifies against its manifest; False if there
+        is none. A corrupted one is skipped with a warning (and set aside as ``step-N.corrupt`` once an
+        older one loads); :class:`~tether.trainers.checkpoint.CheckpointError` if none is usable."""
         checkpoints = ckpt.list_checkpoints(self.stage_dir)
         if not checkpoints:
+            if self.dist.is_main:  # a start killed before its first checkpoint logged steps that will rerun
+                self.logger.rewind(0)
             return False
-        path = checkpoints[-1]
-        ckpt.load_weights(self.model, path)
+        failed: list[tuple[Path, str]] = []
+        for path in reversed(checkpoints):
+            try:
+                ckpt.verify_checkpoint(path)
+                self.load_checkpoint(path)
+            except ckpt.CheckpointError as err:
+                log.warning("%s; falling back to the previous checkpoint", err)
+                failed.append((path, str(err)))
+                continue
+            if self.dist.is_main:
+                for bad, _ in failed:
+                    log.warning("set aside corrupted checkpoint %s as %s", bad, ckpt.set_aside(bad).name)
+                self.logger.rewind(self.step)
+            log.info("resumed %s from %s (step %d)", self.stage, path, self.step)
+            return True
+        raise ckpt.CheckpointError(f"no usable checkpoint in {ckpt.checkpoint_dir(self.stage_dir)}: "
+                                   + "; ".join(reason for _, reason in failed)
+                                   + ". Delete that folder to start the stage over.")
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore weights, optimiser, schedule, RNG, step and trainer extras from one checkpoint."""
         state = ckpt.load_trainer_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if parallel.is_sharded_checkpoint(path):  # resharded to this job's ranks, whatever wrote it
+            parallel.load_sharded(path, self.model, self.optimizer)
+        elif parallel.is_sharded(self.model):
+            raise ckpt.CheckpointError(f"checkpoint {path} was written without train.strategy fsdp2; resume it "
+                                       "with train.strategy ddp")
+        else:
+            self.load_model_weights(path)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.skipped_steps = state.get("skipped_steps", 0)
         self.load_extra_state(state.get("extra", {}))
-        log.info("resumed %s from %s (step %d)", self.stage, path, self.step)
-        return True
 
     def _progress(self) -> Progress:
         return Progress(
@@ -190,34 +352,67 @@ class Trainer:
             disable=not (self.config.train.progress and self.dist.is_main), transient=False,
         )
 
-    def train(self, *, resume: bool = False) -> dict[str, float]:
-        """Run to ``max_steps``; returns the final evaluation figures."""
-        cfg = self.config.train
-        if resume:
-            self.resume()
-        if self.config.eval is not None and self.config.eval.before and self.step == 0:
-            before = self.evaluate()
-            self.results.update({f"before/{k}": v for k, v in before.items()})
-            self.logger.log(0, {f"eval/{k}": v for k, v in before.items()})
-        try:
-            with self._progress() as progress:
-                task = progress.add_task("train", total=cfg.max_steps, completed=self.step, info="")
-                while self.step < cfg.max_steps:
-                    start = time.perf_counter()
-                    metrics = self.training_step()
-                    self.step += 1
-                    metrics["step_time"] = time.perf_counter() - start
-                    progress.update(task, advance=1, info=f"loss {metrics.get('loss', float('nan')):.4f}")
-                    if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                        self.logger.log(self.step, metrics)
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
-                        self.logger.log(self.step, {f"eval/{k}": v for k, v in self.evaluate().items()})
-                    if cfg.save_every and self.step % cfg.save_every == 0:
-                        self.save_checkpoint()
-        except KeyboardInterrupt:
+    def _stop_requested(self, signals: _StopSignals) -> bool:
+        """A signal seen by any rank stops every rank at the same step."""
+        if self.dist.world_size == 1:
+            return signals.name is not None
+        return float(all_reduce_sum(float(signals.name is not None))) > 0
+
+    def _stop(self, signals: _StopSignals, saved_step: int | None) -> TrainingInterrupted:
+        if saved_step != self.step:
             path = self.save_checkpoint()
-            log.warning("interrupted at step %d; checkpoint %s; resume with --resume", self.step, path)
-            raise
+        else:  # the step's own checkpoint was just written
+            path = ckpt.list_checkpoints(self.stage_dir)[-1] if self.dist.is_main else None
+        name = signals.name or "a signal on another rank"
+        message = (f"{name}: stopped {self.stage} after step {self.step} of {self.config.train.max_steps}; "
+                   f"checkpoint {path}. Resume with --resume and the same --out (tether run resumes by "
+                   "default; Python: resume=True)")
+        return TrainingInterrupted(message, signal_name=name, step=self.step, checkpoint=path)
+
+    def train(self, *, resume: bool = False) -> dict[str, float]:
+        """Run to ``max_steps``; returns the final evaluation figures. SIGINT / SIGTERM stop it after the
+        current step with a checkpoint (:class:`TrainingInterrupted`)."""
+        cfg = self.config.train
+        self.parallelize()
+        signals = _StopSignals()
+        with signals.active():
+            if resume:
+                self.resume()
+            if self.config.eval is not None and self.config.eval.before and self.step == 0:
+                before = self.evaluate()
+                self.results.update({f"before/{k}": v for k, v in before.items()})
+                self.logger.log(0, {f"eval/{k}": v for k, v in before.items()})
+            saved_step: int | None = None
+            mid_step = False
+            try:
+                with self._progress() as progress:
+                    task = progress.add_task("train", total=cfg.max_steps, completed=self.step, info="")
+                    while self.step < cfg.max_steps and not self._stop_requested(signals):
+                        start = time.perf_counter()
+                        mid_step = True
+                        metrics = self.training_step()
+                        self.step += 1
+                        mid_step = False
+                        metrics["step_time"] = time.perf_counter() - start
+                        progress.update(task, advance=1, info=f"loss {metrics.get('loss', float('nan')):.4f}")
+                        if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                            self.logger.log(self.step, reduce_metrics(metrics))
+                        if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
+                            self.logger.log(self.step, {f"eval/{k}": v for k, v in self.evaluate().items()})
+                        if cfg.save_every and self.step % cfg.save_every == 0:
+                            self.save_checkpoint()
+                            saved_step = self.step
+            except KeyboardInterrupt:
+                if mid_step:  # the weights may hold part of a step: a checkpoint now would not resume exactly
+                    last = ckpt.list_checkpoints(self.stage_dir)
+                    log.warning("interrupted during step %d; no checkpoint written (the last is %s); resume "
+                                "with --resume", self.step + 1, last[-1] if last else "none")
+                else:
+                    path = self.save_checkpoint()
+                    log.warning("interrupted at step %d; checkpoint %s; resume with --resume", self.step, path)
+                raise
+            if signals.name is not None or (self.dist.world_size > 1 and self.step < cfg.max_steps):
+                raise self._stop(signals, saved_step)
         final = self.evaluate()
         self.results.update(final)
         if final:
@@ -232,9 +427,11 @@ class Trainer:
 
     def finish(self) -> None:
         """Export the final model into the stage directory and mark the stage finished."""
+        full = parallel.full_state_dict(self.model)  # FSDP2: gathered to rank 0 (collective)
         if self.dist.is_main:
             self.stage_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.export_final(self.stage_dir, self.model, self.tokenizer)
+            ckpt.export_final(self.stage_dir, parallel.unwrap(self.model), self.tokenizer, state_dict=full)
             ckpt.mark_done(self.stage_dir, {"stage": self.stage, "type": self.config.type, "step": self.step,
                                             "results": self.results})
         self.logger.close()
+        barrier()  # under torchrun no rank moves on (to a next stage reading this one) before the export

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,16 @@ class MetricsLogger:
             self._wandb.log({f"{self.stage}/{k}": v for k, v in values.items()}, step=step)
         return values
 
+    def rewind(self, step: int) -> None:
+        """Drop this stage's records after ``step`` (a resumed run logs them again) and any line a kill
+        cut short, so ``metrics.jsonl`` and the stage's ``samples.jsonl`` hold each step once."""
+        if not self.enabled:
+            return
+        self._file.close()
+        _drop_after(self.run_dir / "metrics.jsonl", step, stage=self.stage)
+        _drop_after(self.run_dir / self.stage / "samples.jsonl", step)
+        self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed in close()
+
     def write_samples(self, step: int, samples: list[dict]) -> None:
         """Sample generations (with their rewards) for inspection: ``<stage>/samples.jsonl``."""
         if not self.enabled:
@@ -80,6 +91,40 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _drop_after(path: Path, step: int, *, stage: str | None = None) -> None:
+    """Remove the records of ``stage`` (any, when None) after ``step``, and torn lines, from a jsonl file.
+
+    Rewritten in place, so other loggers holding the file open in append mode (a stage that runs trainers
+    inside it) keep writing to it; the kept text is first saved to ``<file>.rewind``, from which a rewind
+    killed half-way is completed on the next one.
+    """
+    backup = path.with_name(path.name + ".rewind")
+    source = backup if backup.exists() else path
+    if not source.exists():
+        return
+    lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not (isinstance(record, dict) and (stage is None or record.get("stage") == stage)
+                and isinstance(record.get("step"), int) and record["step"] > step):
+            kept.append(line)
+    if source is path and len(kept) == len(lines):
+        return  # nothing to drop: leave the file alone
+    text = "".join(line + "\n" for line in kept)
+    with open(backup, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(path, "r+" if path.exists() else "w", encoding="utf-8") as f:
+        f.write(text)
+        f.truncate()
+    backup.unlink()
 
 
 def read_metrics(run_dir: str | Path, stage: str | None = None) -> list[dict]:

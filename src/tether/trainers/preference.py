@@ -38,7 +38,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from tether.config import StageConfig
+from tether.config import StageConfig, StrictModel
 from tether.core.logprobs import selective_log_softmax, sequence_logprobs
 from tether.core.preference import (
     PREFERENCE_LOSSES,
@@ -75,15 +75,12 @@ class PreferenceDataConfig(PairDataConfig):
                                                  "undesirable")
 
 
-class DPOConfig(StageConfig):
-    """Offline preference optimisation; hyperparameters left unset take the loss's own default.
+class PreferenceLossConfig(StrictModel):
+    """The preference-loss fields a stage config shares (offline ``dpo``, ``online_dpo``): which loss
+    and its hyperparameters. Hyperparameters left unset take the loss's own default; one the selected
+    loss does not take is ignored with a warning, so a recipe tuned for one loss runs after
+    ``loss=NAME``."""
 
-    A hyperparameter the selected loss does not take is ignored with a warning, so a recipe tuned
-    for one loss still runs after ``dpo.loss=NAME``.
-    """
-
-    type: Literal["dpo"] = "dpo"
-    data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task={"name": "arithmetic"}))
     loss: str | dict[str, float] = Field("sigmoid", description="a PREFERENCE_LOSSES name, 'kto', or "
                                                                 "{name: weight} for a mix")
     beta: float | None = Field(None, gt=0)
@@ -120,7 +117,7 @@ class DPOConfig(StageConfig):
         return [k for k in HPARAMS if getattr(self, k) is not None and k not in self.hparams()]
 
     @model_validator(mode="after")
-    def _check_loss(self) -> DPOConfig:
+    def _check_loss_names(self) -> PreferenceLossConfig:
         if isinstance(self.loss, dict) and not self.loss:
             raise ValueError("loss: an empty mix; give {name: weight, ...}")
         for name in self.loss_names:
@@ -131,6 +128,21 @@ class DPOConfig(StageConfig):
                 raise ValueError(f"unknown preference loss {name!r}; valid names: {valid}")
         if self.wpo and self.unpaired:
             raise ValueError("wpo weights pairs; it does not apply to kto")
+        return self
+
+
+class DPOConfig(PreferenceLossConfig, StageConfig):
+    """Offline preference optimisation; hyperparameters left unset take the loss's own default.
+
+    A hyperparameter the selected loss does not take is ignored with a warning, so a recipe tuned
+    for one loss still runs after ``dpo.loss=NAME``.
+    """
+
+    type: Literal["dpo"] = "dpo"
+    data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task={"name": "arithmetic"}))
+
+    @model_validator(mode="after")
+    def _check_data(self) -> DPOConfig:
         if self.data.task is not None and self.data.task.kind == "stepwise":
             raise ValueError("data.task.kind 'stepwise' is for process reward models; use correctness, style "
                              "or mixed")
@@ -188,6 +200,32 @@ def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExa
     token_logps = selective_log_softmax(logits, labels.to(device))
     mask = (targets != -100).to(device)
     return torch.where(mask, token_logps[rows.to(device), cols.to(device)], 0.0), mask
+
+
+def pair_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
+                ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
+                packing: bool = True) -> PreferenceInputs:
+    """Summed completion log-probs of chosen and rejected under ``model`` (one packed forward pass),
+    with the given reference log-probs (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
+    b = len(pairs)
+    tok, mask = sequence_token_logps(model, [p.chosen for p in pairs] + [p.rejected for p in pairs],
+                                     row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing)
+    logps = sequence_logprobs(tok, mask, average=False)
+    lengths = mask.sum(-1).float()
+    weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if wpo else None
+    return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
+                            weights=weights)
+
+
+def pair_loss(loss_fn: Callable[[PreferenceInputs], tuple[torch.Tensor, dict]], loss: str | dict[str, float],
+              inputs: PreferenceInputs) -> tuple[torch.Tensor, dict]:
+    """The pair-mean loss and its metrics; for a mix, the first component's rewards also unprefixed,
+    so logs read the same whatever the loss."""
+    value, metrics = loss_fn(inputs)
+    if isinstance(loss, dict):
+        first = next(iter(loss))
+        metrics.update({k[len(first) + 1:]: v for k, v in list(metrics.items()) if k.startswith(f"{first}/rewards/")})
+    return value, metrics
 
 
 # ---- unpaired examples ----------------------------------------------------------------------------
@@ -389,23 +427,16 @@ class PreferenceTrainer(Trainer):
     def pair_inputs(self, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
                     ref_rejected: torch.Tensor | None) -> PreferenceInputs:
         """Policy statistics of chosen and rejected (one forward pass) with the given reference log-probs."""
-        b = len(pairs)
-        tok, mask = self.token_logps([p.chosen for p in pairs] + [p.rejected for p in pairs])
-        logps = sequence_logprobs(tok, mask, average=False)
-        lengths = mask.sum(-1).float()
-        weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if self.config.wpo else None
-        return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
-                                weights=weights)
+        data = self.config.data
+        return pair_inputs(self.model, pairs, ref_chosen, ref_rejected, wpo=self.config.wpo,
+                           row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
+                           packing=data.packing)
 
     def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
         device = next(self.model.parameters()).device
         inputs = self.pair_inputs([self.examples[i] for i in idx], self._ref("train_chosen", idx, device),
                                   self._ref("train_rejected", idx, device))
-        loss, metrics = self.loss(inputs)
-        if isinstance(self.config.loss, dict):  # the first component's rewards, unprefixed, for uniform logs
-            first = self.config.loss_names[0]
-            metrics.update({k[len(first) + 1:]: v for k, v in list(metrics.items())
-                            if k.startswith(f"{first}/rewards/")})
+        loss, metrics = pair_loss(self.loss, self.config.loss, inputs)
         return loss * len(idx) / global_pairs, metrics
 
     def unpaired_loss(self, idx: list[int], global_examples: float) -> tuple[torch.Tensor, dict]:

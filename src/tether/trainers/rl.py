@@ -27,7 +27,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from tether.config import StageConfig, StrictModel, TaskSource, known_name
-from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages
+from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
 from tether.core.aggregation import LOSS_AGGREGATIONS, agg_loss, num_seqs, num_tokens
 from tether.core.kl import KL_ESTIMATORS, kl_penalty
 from tether.core.logprobs import entropy_from_logits, selective_log_softmax
@@ -35,10 +35,13 @@ from tether.core.policy_loss import POLICY_LOSSES
 from tether.data import load_records, pack_sequences, tokenize_prompts
 from tether.pipeline import deep_merge
 from tether.rewards import RewardComposer, RewardSpec
+from tether.rewards.ray_scoring import RayRewardComposer
 from tether.rewards.shaping import overlong_penalty
-from tether.rollout import HFEngine, Rollout, SamplingParams
+from tether.rollout import Rollout, SamplingParams
+from tether.rollout.engines import build_engine
 from tether.tasks import get_task, rl_records
 from tether.trainers.loop import Trainer
+from tether.trainers.parallel import full_parameters, global_advantages
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,11 @@ class RolloutConfig(StrictModel):
     stop: list[str] = Field(default_factory=list)
     engine_batch_size: int | None = Field(None, ge=1)
     mask_truncated: bool = Field(False, description="no loss on completions cut at max_new_tokens (DAPO)")
+    engine: Literal["hf", "vllm", "ray"] = Field("hf", description="hf: in process; vllm: colocated on the GPU "
+                                                 "(extra tether[vllm]); ray: rollout workers (extra tether[ray])")
+    workers: int = Field(2, ge=1, description="ray engine: rollout worker actors")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="vllm: vllm.LLM arguments "
+                                           "(gpu_memory_utilization, ...); ray: num_cpus, num_gpus, address")
 
 
 class KLConfig(StrictModel):
@@ -136,6 +144,8 @@ class GRPOConfig(StageConfig):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: list[RewardConfig] = Field(default_factory=lambda: [RewardConfig(name="accuracy")])
     reward_on_error: Literal["raise", "zero"] = "raise"
+    reward_workers: int = Field(0, ge=0, description="score rewards in this many Ray actors (extra tether[ray]); "
+                                                     "0: in process")
     advantage: str = "grpo"
     advantage_kwargs: dict[str, Any] = Field(default_factory=dict)
     policy_loss: str = "ppo_clip"
@@ -223,12 +233,17 @@ class RLTrainer(Trainer):
             raise ValueError(f"stage {self.stage!r}: no prompts")
         self.prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in self.records]
         self.prompt_ids = tokenize_prompts(self.prompts, tokenizer, chat=cfg.data.chat)
-        self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
+        self.engine = build_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.engine_batch_size,
+                                   workers=cfg.rollout.workers, options=cfg.rollout.engine_options,
+                                   worker_model=cfg.model.model_dump(exclude={"lora", "device"}))
         if reward_functions is not None:  # plain callables, RewardSpecs or {name, weight, kwargs} dicts
             specs = [f if isinstance(f, RewardSpec | dict) else RewardSpec(f) for f in reward_functions]
         else:
             specs = [RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in cfg.rewards]
-        self.rewards = RewardComposer(specs, on_error=cfg.reward_on_error)
+        if getattr(cfg, "reward_workers", 0):  # the same composer, its batches scored by Ray actors
+            self.rewards = RayRewardComposer(specs, on_error=cfg.reward_on_error, num_workers=cfg.reward_workers)
+        else:
+            self.rewards = RewardComposer(specs, on_error=cfg.reward_on_error)
         self.ref_model = self._reference_model()
         self.running_baseline: torch.Tensor | None = None
         self.prompt_cursor = 0
@@ -258,15 +273,21 @@ class RLTrainer(Trainer):
 
     # ---- generate and score ---------------------------------------------------------------------
     def next_prompts(self, count: int) -> list[int]:
-        """The next ``count`` prompt indices of a per-epoch shuffled order (seeded, resumable)."""
+        """The next ``count`` prompt indices of a per-epoch shuffled order (seeded, resumable).
+
+        Under torchrun the order is shared and dealt round-robin: a draw takes ``count * world_size``
+        positions and rank r the r-th of every ``world_size``, so the ranks' prompts together are
+        the single-process batch and ``prompt_cursor`` (positions used) is the same on every rank.
+        """
         out = []
         n = len(self.records)
-        for _ in range(count):
-            epoch, offset = divmod(self.prompt_cursor, n)
+        rank, world = self.dist.rank, self.dist.world_size
+        for i in range(count):
+            epoch, offset = divmod(self.prompt_cursor + i * world + rank, n)
             order = list(range(n))
             random.Random(f"{self.config.train.seed}:{epoch}").shuffle(order)
             out.append(order[offset])
-            self.prompt_cursor += 1
+        self.prompt_cursor += count * world
         return out
 
     def sampling_params(self, round_index: int) -> SamplingParams:
@@ -301,7 +322,9 @@ class RLTrainer(Trainer):
         dropped = 0
         for round_index in range(cfg.dynamic_sampling.max_rounds if dynamic else 1):
             indices = self.next_prompts(want - len(kept_idx))
-            rollout = self.engine.generate([self.prompt_ids[i] for i in indices], self.sampling_params(round_index))
+            with full_parameters(self.model):  # FSDP2 (re-entrant): whole weights while decoding
+                rollout = self.engine.generate([self.prompt_ids[i] for i in indices],
+                                               self.sampling_params(round_index))
             rewards, reward_metrics = self.score(indices, rollout)
             if round_index == 0:
                 metrics.update(reward_metrics)
@@ -322,8 +345,9 @@ class RLTrainer(Trainer):
 
     def remax_baseline(self, indices: list[int], rollout: Rollout) -> torch.Tensor:
         """ReMax: the reward of one greedy completion per prompt, repeated over its group."""
-        greedy = self.engine.generate([self.prompt_ids[i] for i in indices],
-                                      SamplingParams(greedy=True, max_new_tokens=self.config.rollout.max_new_tokens))
+        with full_parameters(self.model):
+            greedy = self.engine.generate([self.prompt_ids[i] for i in indices],
+                                          SamplingParams(greedy=True, max_new_tokens=self.config.rollout.max_new_tokens))
         baseline, _ = self.score(indices, greedy)
         return baseline.nan_to_num(0.0).repeat_interleave(self.config.rollout.group_size)
 
@@ -367,7 +391,8 @@ class RLTrainer(Trainer):
     def training_step(self) -> dict[str, Any]:
         cfg = self.config
         start = time.perf_counter()
-        indices, rollout, rewards, metrics = self.collect()
+        with full_parameters(self.model):  # FSDP2: whole weights while this rank decodes its share
+            indices, rollout, rewards, metrics = self.collect()
         gen_time = time.perf_counter() - start
         padded = rollout.to_padded(self.tokenizer.pad_token_id)
         mask = padded["completion_mask"].float()
@@ -387,12 +412,11 @@ class RLTrainer(Trainer):
             behaviour = old if old is not None else self.frozen_logprobs(rollout, reference=False)
             token_rewards = -cfg.kl.coef * kl_penalty(behaviour, ref, cfg.kl.estimator) * mask
         baseline = self.remax_baseline(indices, rollout) if cfg.advantage == "remax" else None
-        adv = compute_advantages(
-            cfg.advantage,
+        adv = self.advantages(
+            rollout,
             AdvantageInputs(rewards=rewards, mask=mask, group_size=cfg.rollout.group_size,
                             token_rewards=token_rewards, baseline_rewards=baseline,
-                            running_baseline=self.running_baseline),
-            **cfg.advantage_kwargs)
+                            running_baseline=self.running_baseline))
         if "running_baseline" in adv.state:
             self.running_baseline = adv.state["running_baseline"]
 
@@ -422,6 +446,12 @@ class RLTrainer(Trainer):
                 {"prompt": self.records[indices[rollout.prompt_index[i]]]["prompt"],
                  "completion": rollout.texts[i], "reward": float(rewards[i])} for i in range(min(8, len(rollout)))])
         return metrics
+
+    def advantages(self, rollout: Rollout, inputs: AdvantageInputs) -> AdvantageOutputs:
+        """The configured estimator; a subclass may add terms that need the rollout (the agent
+        trainer's GiGPO step-level advantages)."""
+        # under torchrun: on every rank's rollouts gathered (global batch statistics), this rank's rows back
+        return global_advantages(self.config.advantage, inputs, **self.config.advantage_kwargs)
 
     def loss(self, rollout: Rollout, rows: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
              old: torch.Tensor | None, ref: torch.Tensor | None, denominators: dict[str, float]

@@ -1,0 +1,421 @@
+"""LLM-as-a-judge: pointwise scores and pairwise verdicts from prompt templates kept as files.
+
+- **Templates** live in ``tether/judges/*.txt`` (``pointwise``, ``pairwise``, ``self-rewarding``, and
+  ``compact-pointwise`` / ``compact-pairwise`` short enough for the tiny models' 512-token context);
+  a path to your own file works the same. Placeholders: ``{prompt}``, ``{response}`` (pointwise),
+  ``{response_a}`` / ``{response_b}`` (pairwise), ``{min}`` / ``{max}`` (the score scale) and
+  ``{principle}``; a line holding ``{principle}`` is kept only when a principle is given (a
+  constitution's rule, say). Nothing else in a template is special, so braces in its text are safe.
+- **Pointwise** (Zheng et al. 2023, "Judging LLM-as-a-Judge", single-answer grading): a score on
+  ``[min, max]``, read from ``Score: N`` (the last one), ``N/10``, or a reply that is only a
+  number. ``samples > 1`` averages several sampled replies (Yuan et al. 2024 average three).
+- **Pairwise** with position-bias control (Zheng et al. 2023, Sec. 3.4; Wang et al. 2023, "Large
+  Language Models are not Fair Evaluators"): each pair is judged in both orders; two verdicts that
+  agree give 1 (A better) or 0 (B better); disagreement, or an explicit tie, gives 0.5, which the
+  caller can keep or drop. The share of pairs whose two orders agree is the consistency rate.
+  Verdicts are read from ``[[A]]`` / ``[[B]]`` / ``[[C]]`` (tie), ``verdict: A``-like phrases, or a
+  reply that is only ``A`` or ``B``.
+- **Backends**: a local model through a rollout engine (:class:`EngineJudgeBackend`), any
+  OpenAI-compatible endpoint (:class:`EndpointJudgeBackend` over :class:`OpenAIEngine`, with its
+  timeouts, retries, concurrency limit and on-disk cache), or a Python function from judge prompts
+  to reply texts.
+- A reply that cannot be parsed is counted (``judge/unparseable``) and scored missing (``None``),
+  never a crash; an endpoint that stays down raises :class:`EndpointError` after its retries, with
+  every reply received so far in the endpoint's cache.
+
+Judges follow the reward protocol, ``judge(prompts, completions, **columns) -> list[float | None]``
+(pointwise), so a pointwise judge goes wherever a reward function goes. Knows nothing about training.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tether.config import StrictModel
+from tether.rollout.base import SamplingParams
+
+Backend = Callable[[list[str], int], list[list[str]]]
+PLACEHOLDERS = ("prompt", "response", "response_a", "response_b", "principle", "min", "max")
+
+
+# ---- templates -----------------------------------------------------------------------------------------
+
+
+def template_names() -> list[str]:
+    """The built-in templates (file stems of ``tether/judges/*.txt``)."""
+    folder = resources.files("tether") / "judges"
+    return sorted(Path(str(p)).stem for p in folder.iterdir() if str(p).endswith(".txt"))
+
+
+def load_template(name_or_path: str) -> str:
+    """A built-in template by name, or the text of a template file."""
+    if name_or_path in template_names():
+        return (resources.files("tether") / "judges" / f"{name_or_path}.txt").read_text()
+    path = Path(name_or_path)
+    if path.is_file():
+        return path.read_text()
+    raise ValueError(f"no judge template {name_or_path!r}: not a file, and not a built-in "
+                     f"({', '.join(template_names())})")
+
+
+def render_template(template: str, *, prompt: str, principle: str | None = None,
+                    scale: tuple[float, float] | None = None, **responses: str) -> str:
+    """Fill the placeholders; drop the lines holding ``{principle}`` when there is no principle."""
+    if principle is None:
+        template = "\n".join(line for line in template.split("\n") if "{principle}" not in line)
+    low, high = scale or (None, None)
+    values = {"prompt": prompt, "principle": principle, "min": _number(low), "max": _number(high), **responses}
+    for key in PLACEHOLDERS:  # one pass per placeholder, in a fixed order: a response holding "{prompt}" stays
+        if values.get(key) is not None:
+            template = template.replace("{" + key + "}", str(values[key]))
+    return template
+
+
+def _number(x: float | None) -> str | None:
+    return None if x is None else (str(int(x)) if float(x).is_integer() else str(x))
+
+
+# ---- parsing ---------------------------------------------------------------------------------------------
+
+_NUM = r"(-?\d+(?:\.\d+)?)"
+_SCORE = re.compile(rf"(?:score|rating)\**\s*(?:is|of)?\s*[:=]?\s*\**\s*\[*{_NUM}\]*(?:\s*/\s*\d+)?", re.I)
+_ONLY_NUMBER = re.compile(rf"^\s*\**\[*{_NUM}\]*(?:\s*/\s*\d+)?\**\s*[.!]?\s*$")
+_BRACKETS = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.I)
+_LABELLED = re.compile(r"(?:verdict|winner|better|choice|preferred)\**\s*(?:response|answer)?\s*(?:is)?\s*[:=]?"
+                       r"\s*\**\s*\(?\s*(?:assistant|response|answer|output)?\s*\(?\s*\b(A|B|tie)\b", re.I)
+_ONLY_LETTER = re.compile(r"^\s*\**\s*\(?\[*\s*(A|B)\s*\]*\)?\**\s*[.!]?\s*$")
+
+
+def parse_score(text: str, low: float, high: float) -> float | None:
+    """The score of a pointwise reply, or None if there is none in ``[low, high]``."""
+    matches = _SCORE.findall(text)
+    if matches:
+        value = float(matches[-1])
+    else:
+        only = _ONLY_NUMBER.match(text)
+        if only is None:
+            return None
+        value = float(only[1])
+    return value if low <= value <= high else None
+
+
+def parse_verdict(text: str) -> Literal["A", "B", "tie"] | None:
+    """``"A"``, ``"B"`` or ``"tie"`` from a pairwise reply (the last verdict given), else None."""
+    for pattern in (_BRACKETS, _LABELLED):
+        matches = pattern.findall(text)
+        if matches:
+            verdict = matches[-1].upper()
+            return "tie" if verdict in ("C", "TIE") else verdict
+    only = _ONLY_LETTER.match(text)
+    return only[1] if only else None  # type: ignore[return-value]
+
+
+# ---- backends --------------------------------------------------------------------------------------------
+
+
+class EngineJudgeBackend:
+    """Judge replies from a local model through a rollout engine (an :class:`HFEngine` over the
+    model, which may be the live policy: self-rewarding)."""
+
+    def __init__(self, engine: Any, tokenizer: Any, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                 stop: Sequence[str] = (), chat: bool = False, seed: int = 0) -> None:
+        self.engine, self.tokenizer, self.chat = engine, tokenizer, chat
+        self.max_new_tokens, self.temperature, self.stop, self.seed = max_new_tokens, temperature, list(stop), seed
+
+    def __call__(self, prompts: list[str], n: int = 1) -> list[list[str]]:
+        from tether.data import tokenize_prompts
+
+        params = SamplingParams(n=n, temperature=self.temperature, greedy=self.temperature == 0,
+                                max_new_tokens=self.max_new_tokens, stop=self.stop, seed=self.seed)
+        rollout = self.engine.generate(tokenize_prompts(prompts, self.tokenizer, chat=self.chat), params)
+        return _group(rollout.texts, rollout.prompt_index, len(prompts))
+
+
+class EndpointJudgeBackend:
+    """Judge replies from an OpenAI-compatible endpoint (an :class:`OpenAIEngine`)."""
+
+    def __init__(self, engine: Any, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                 stop: Sequence[str] = (), seed: int = 0) -> None:
+        self.engine = engine
+        self.max_new_tokens, self.temperature, self.stop, self.seed = max_new_tokens, temperature, list(stop), seed
+
+    def __call__(self, prompts: list[str], n: int = 1) -> list[list[str]]:
+        params = SamplingParams(n=n, temperature=self.temperature, greedy=self.temperature == 0,
+                                max_new_tokens=self.max_new_tokens, stop=self.stop, seed=self.seed)
+        out = self.engine.complete(prompts, params)
+        return _group(out.texts, out.prompt_index, len(prompts))
+
+
+def _group(texts: list[str], index: list[int], count: int) -> list[list[str]]:
+    grouped: list[list[str]] = [[] for _ in range(count)]
+    for text, i in zip(texts, index, strict=True):
+        grouped[i].append(text)
+    return grouped
+
+
+def as_backend(fn: Callable) -> Backend:
+    """A function ``fn(judge_prompts) -> list[str]`` (one reply each) as a backend."""
+    if isinstance(fn, EngineJudgeBackend | EndpointJudgeBackend) or getattr(fn, "is_judge_backend", False):
+        return fn
+
+    def backend(prompts: list[str], n: int = 1) -> list[list[str]]:
+        replies = [list(fn(prompts)) for _ in range(n)]
+        for r in replies:
+            if len(r) != len(prompts):
+                raise ValueError(f"judge function returned {len(r)} replies for {len(prompts)} prompts")
+        return [[r[i] for r in replies] for i in range(len(prompts))]
+
+    backend.is_judge_backend = True  # type: ignore[attr-defined]
+    return backend
+
+
+# ---- judges ----------------------------------------------------------------------------------------------
+
+
+class _Judge:
+    def __init__(self, backend: Backend | Callable, template: str, principle: str | None) -> None:
+        self.backend = as_backend(backend)
+        self.template = load_template(template) if "{" not in template else template
+        self.principle = principle
+        self.stats: dict[str, int] = {}
+        self._closer: Callable[[], None] | None = None
+
+    def _count(self, key: str, amount: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + amount
+
+    def take_metrics(self) -> dict[str, float]:
+        """``judge/*`` figures since the last call (the counts, and rates where defined); resets them."""
+        stats, self.stats = self.stats, {}
+        out = {f"judge/{k}": float(v) for k, v in stats.items()}
+        if stats.get("replies"):
+            out["judge/unparseable_rate"] = stats.get("unparseable", 0) / stats["replies"]
+        if stats.get("judged"):
+            out["judge/consistency"] = stats.get("consistent", 0) / stats["judged"]
+        return out
+
+    def close(self) -> None:
+        """Stop what the judge started (a server process, for ``backend: serve``)."""
+        if self._closer is not None:
+            self._closer()
+            self._closer = None
+
+
+class PointwiseJudge(_Judge):
+    """A score on ``scale`` per (prompt, response); None when no reply could be parsed."""
+
+    def __init__(self, backend: Backend | Callable, *, template: str = "pointwise", scale: tuple[float, float] = (1, 10),
+                 samples: int = 1, principle: str | None = None) -> None:
+        super().__init__(backend, template, principle)
+        if samples < 1 or scale[0] >= scale[1]:
+            raise ValueError(f"need samples >= 1 and scale low < high; got samples={samples}, scale={scale}")
+        self.scale, self.samples = (float(scale[0]), float(scale[1])), samples
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float | None]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts for {len(responses)} responses")
+        if not prompts:
+            return []
+        texts = [render_template(self.template, prompt=p, response=r, principle=self.principle, scale=self.scale)
+                 for p, r in zip(prompts, responses, strict=True)]
+        out: list[float | None] = []
+        for replies in self.backend(texts, self.samples):
+            scores = [parse_score(reply, *self.scale) for reply in replies]
+            self._count("replies", len(scores))
+            self._count("unparseable", sum(s is None for s in scores))
+            kept = [s for s in scores if s is not None]
+            out.append(sum(kept) / len(kept) if kept else None)
+        self._count("scored", len(out))
+        self._count("missing", sum(s is None for s in out))
+        return out
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float | None]:
+        return self.score(prompts, completions)
+
+
+class PairwiseJudge(_Judge):
+    """``P(a beats b)`` per pair: 1, 0, 0.5 (a tie or orders that disagree), or None (unparseable)."""
+
+    def __init__(self, backend: Backend | Callable, *, template: str = "pairwise", swap: bool = True,
+                 principle: str | None = None) -> None:
+        super().__init__(backend, template, principle)
+        self.swap = swap
+
+    def _ask(self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> list[str | None]:
+        texts = [render_template(self.template, prompt=p, response_a=a, response_b=b, principle=self.principle)
+                 for p, a, b in zip(prompts, first, second, strict=True)]
+        verdicts = [parse_verdict(replies[0]) for replies in self.backend(texts, 1)]
+        self._count("replies", len(verdicts))
+        self._count("unparseable", sum(v is None for v in verdicts))
+        return verdicts
+
+    def compare(self, prompts: Sequence[str], responses_a: Sequence[str], responses_b: Sequence[str]
+                ) -> list[float | None]:
+        if not len(prompts) == len(responses_a) == len(responses_b):
+            raise ValueError("compare() needs as many prompts as responses_a and responses_b")
+        if not prompts:
+            return []
+        if self.swap:  # both orders in one batch, so an endpoint sees them concurrently
+            both = self._ask([*prompts, *prompts], [*responses_a, *responses_b], [*responses_b, *responses_a])
+            forward, backward = both[: len(prompts)], both[len(prompts):]
+        else:
+            forward = self._ask(prompts, responses_a, responses_b)
+            backward = forward
+        values = [self._combine(f, b) for f, b in zip(forward, backward, strict=True)]
+        self._count("pairs", len(values))
+        self._count("missing", sum(v is None for v in values))
+        self._count("ties", sum(v == 0.5 for v in values))
+        return values
+
+    def _combine(self, forward: str | None, backward: str | None) -> float | None:
+        """A's win probability from the verdict in the order (a, b) and the one in the order (b, a)."""
+        if forward is None or backward is None:
+            return None
+        first = {"A": 1.0, "B": 0.0, "tie": 0.5}[forward]
+        if not self.swap:
+            return first
+        second = {"A": 0.0, "B": 1.0, "tie": 0.5}[backward]  # in the swapped order "A" is b
+        self._count("judged")
+        if first == second:
+            self._count("consistent")
+            return first
+        return 0.5
+
+
+# ---- configs ---------------------------------------------------------------------------------------------
+
+
+class JudgeConfig(StrictModel):
+    """A judge in a config. ``backend``: ``endpoint`` (``base_url`` + ``model``), ``serve`` (``tether
+    serve`` started on a free loopback port for ``model``, a checkpoint, and stopped with the stage),
+    ``model`` (a checkpoint loaded in this process), ``policy`` (the model being trained:
+    self-rewarding) or ``callable`` (``model`` is ``package.module:function``, prompts -> replies)."""
+
+    kind: Literal["pointwise", "pairwise"] = "pairwise"
+    backend: Literal["endpoint", "serve", "model", "policy", "callable"] = "endpoint"
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    template: str | None = Field(None, description="built-in name or file; default: the kind's own")
+    principle: str | None = None
+    scale: tuple[float, float] = (1.0, 10.0)
+    samples: int = Field(1, ge=1, description="pointwise: replies averaged per response")
+    swap: bool = Field(True, description="pairwise: judge both orders, inconsistent -> tie")
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    stop: list[str] = Field(default_factory=list)
+    chat: bool = Field(False, description="chat endpoint / chat template for the judge prompt")
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0)
+    backoff: float = Field(0.5, ge=0)
+    concurrency: int = Field(8, ge=1)
+    prompts_per_request: int = Field(1, ge=1, description="endpoint / serve: judge prompts sent as one "
+                                                          "/completions request (a server batches them)")
+    cache: bool = Field(True, description="endpoint / serve: keep every reply on disk, keyed by the request")
+    serve_args: list[str] = Field(default_factory=list, description="serve: extra `tether serve` options, "
+                                                                    "e.g. [--device, cuda] or [--threads, 1]")
+
+    @model_validator(mode="after")
+    def _needs(self) -> JudgeConfig:
+        if self.backend in ("endpoint",) and not (self.base_url and self.model):
+            raise ValueError("judge backend 'endpoint' needs base_url and model")
+        if self.backend in ("serve", "model", "callable") and not self.model:
+            raise ValueError(f"judge backend {self.backend!r} needs model")
+        if self.scale[0] >= self.scale[1]:
+            raise ValueError(f"judge scale must be (low, high) with low < high, got {self.scale}")
+        return self
+
+
+def _backend(cfg: JudgeConfig, *, policy: Any, tokenizer: Any, cache_dir: str | Path | None,
+             log_dir: str | Path | None) -> tuple[Backend, Callable[[], None] | None]:
+    common = {"max_new_tokens": cfg.max_tokens, "temperature": cfg.temperature, "stop": cfg.stop}
+    if cfg.backend == "callable":
+        module, _, name = cfg.model.partition(":")
+        return as_backend(getattr(importlib.import_module(module), name)), None
+    if cfg.backend in ("policy", "model"):
+        from tether.rollout import HFEngine
+
+        if cfg.backend == "model":
+            from tether.models import load_model
+
+            policy, tokenizer = load_model(cfg.model)
+        if policy is None or tokenizer is None:
+            raise ValueError("judge backend 'policy' needs the policy model and its tokenizer")
+        return EngineJudgeBackend(HFEngine(policy, tokenizer), tokenizer, chat=cfg.chat, **common), None
+    from tether.rollout.openai_engine import OpenAIEngine
+
+    closer, base_url, name = None, cfg.base_url, cfg.model
+    if cfg.backend == "serve":
+        from tether.serve import ServerProcess
+
+        server = ServerProcess(cfg.model, model_name=str(Path(cfg.model).resolve()), extra_args=cfg.serve_args,
+                               log_path=Path(log_dir) / "judge-server.log" if log_dir else None).start()
+        closer, base_url, name = server.stop, server.base_url, server.model_name
+    engine = OpenAIEngine(base_url, name, api_key_env=cfg.api_key_env, timeout=cfg.timeout,
+                          max_retries=cfg.max_retries, concurrency=cfg.concurrency, backoff=cfg.backoff,
+                          cache_dir=cache_dir if cfg.cache else None, chat=cfg.chat,
+                          prompts_per_request=1 if cfg.chat else cfg.prompts_per_request)
+    return EndpointJudgeBackend(engine, **common), closer
+
+
+def build_judge(cfg: JudgeConfig | dict, *, policy: Any = None, tokenizer: Any = None,
+                cache_dir: str | Path | None = None, log_dir: str | Path | None = None
+                ) -> PointwiseJudge | PairwiseJudge:
+    """The judge a config describes; call ``.close()`` when done (it stops a ``serve`` backend's server)."""
+    cfg = cfg if isinstance(cfg, JudgeConfig) else JudgeConfig.model_validate(cfg)
+    backend, closer = _backend(cfg, policy=policy, tokenizer=tokenizer, cache_dir=cache_dir, log_dir=log_dir)
+    if cfg.kind == "pointwise":
+        judge: PointwiseJudge | PairwiseJudge = PointwiseJudge(
+            backend, template=cfg.template or "pointwise", scale=cfg.scale, samples=cfg.samples,
+            principle=cfg.principle)
+    else:
+        judge = PairwiseJudge(backend, template=cfg.template or "pairwise", swap=cfg.swap, principle=cfg.principle)
+    judge._closer = closer
+    return judge
+
+
+# ---- synthetic judgments, to train a small judge --------------------------------------------------------
+
+
+def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], template: str, seed: int = 0,
+                  split: str = "train", errors: Sequence[str] | None = None,
+                  scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False) -> list[dict]:
+    """``n`` SFT records ``{prompt: judge prompt, completion: verdict}`` whose verdicts are known exactly.
+
+    Built from ``tether.tasks.preferences`` correctness pairs. Pairwise: the correct completion is
+    shown as A in half the records and as B in the other half (so no position is favoured), the
+    verdict is the bare letter. Pointwise: the correct and the wrong completion of a pair each make a
+    record, scored ``scale[1]`` and ``scale[0]``. ``solve_first``: the reply first works the problem
+    out itself, then gives the verdict (``<think>...</think>132 [[A]]``): a reference-guided judge
+    (Zheng et al. 2023, Sec. 3.4) whose verdict is a comparison of answers, not a re-check of every step.
+    """
+    from tether.tasks.preferences import ERRORS, preference_records
+
+    template_text = load_template(template)
+    pairs = preference_records(task, n if kind == "pairwise" else (n + 1) // 2, seed=seed, split=split,
+                               errors=errors or ERRORS)
+    rng = random.Random(f"judge-records:{seed}:{split}")
+    out = []
+    for i, pair in enumerate(pairs):
+        work = f"{pair['chosen']} " if solve_first else ""
+        if kind == "pairwise":
+            first = i % 2 == 0
+            a, b = (pair["chosen"], pair["rejected"]) if first else (pair["rejected"], pair["chosen"])
+            verdict = "A" if first else "B"
+            out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response_a=a, response_b=b),
+                        "completion": f"{work}[[{verdict}]]" if solve_first else verdict})
+            continue
+        for response, value in ((pair["chosen"], scale[1]), (pair["rejected"], scale[0])):
+            out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,
+                                                  scale=scale),
+                        "completion": f"{work}Score: {_number(value)}" if solve_first else _number(value)})
+    if kind == "pointwise":
+        rng.shuffle(out)
+    return out[:n]

@@ -1,0 +1,85 @@
+"""Preference pairs from scored samples: the rules online / iterative DPO uses to turn K scored
+responses to one prompt into (chosen, rejected) pairs.
+
+Every rule is ``fn(scores, *, margin, threshold) -> list[(chosen_index, rejected_index)]`` over the
+K scores of one prompt (``None`` or NaN = missing: that sample takes part in no pair), registered in
+``PAIR_RULES`` under the name configs use:
+
+- ``best_vs_worst``: the highest against the lowest score, if they differ by more than ``margin``
+  (the rule of Xiong et al. 2024, iterative DPO, and Yuan et al. 2024, self-rewarding; the first
+  sample wins a tie for best, the last a tie for worst, so the choice is deterministic);
+- ``all_pairs``: every pair whose scores differ by more than ``margin``, larger gaps first;
+- ``threshold``: every sample scoring at least ``threshold`` against every one scoring below it,
+  larger gaps first (a correct/incorrect split for a verifier).
+
+``pairwise_scores`` turns a pairwise judge's verdicts among K samples into per-sample scores (the
+mean win probability against the others, a Borda count), so the same rules apply to a pairwise judge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from tether.core.registry import Registry
+
+Pair = tuple[int, int]
+PAIR_RULES: Registry[Callable[..., list[Pair]]] = Registry("pair rule")
+
+
+def _present(scores: Sequence[float | None]) -> list[tuple[int, float]]:
+    return [(i, float(s)) for i, s in enumerate(scores) if s is not None and math.isfinite(float(s))]
+
+
+def _by_gap(pairs: list[Pair], scores: Sequence[float | None]) -> list[Pair]:
+    return sorted(pairs, key=lambda p: (-(float(scores[p[0]]) - float(scores[p[1]])), p))
+
+
+@PAIR_RULES.register("best_vs_worst")
+def best_vs_worst(scores: Sequence[float | None], *, margin: float = 0.0, threshold: float | None = None) -> list[Pair]:
+    present = _present(scores)
+    if len(present) < 2:
+        return []
+    best = max(present, key=lambda x: (x[1], -x[0]))
+    worst = min(present, key=lambda x: (x[1], -x[0]))
+    return [(best[0], worst[0])] if best[1] - worst[1] > margin else []
+
+
+@PAIR_RULES.register("all_pairs")
+def all_pairs(scores: Sequence[float | None], *, margin: float = 0.0, threshold: float | None = None) -> list[Pair]:
+    present = _present(scores)
+    pairs = [(i, j) for i, si in present for j, sj in present if si - sj > margin]
+    return _by_gap(pairs, scores)
+
+
+@PAIR_RULES.register("threshold")
+def threshold_pairs(scores: Sequence[float | None], *, margin: float = 0.0, threshold: float | None = None
+                    ) -> list[Pair]:
+    if threshold is None:
+        raise ValueError("pair rule 'threshold' needs a threshold")
+    present = _present(scores)
+    good = [i for i, s in present if s >= threshold]
+    bad = [i for i, s in present if s < threshold]
+    return _by_gap([(i, j) for i in good for j in bad], scores)
+
+
+def make_pairs(scores: Sequence[float | None], rule: str, *, margin: float = 0.0, threshold: float | None = None,
+               max_pairs: int | None = None) -> list[Pair]:
+    """The rule's pairs for one prompt, at most ``max_pairs`` of them (the first ones: largest gaps)."""
+    pairs = PAIR_RULES.get(rule)(scores, margin=margin, threshold=threshold)
+    return pairs[:max_pairs] if max_pairs is not None else pairs
+
+
+def pairwise_scores(k: int, verdicts: dict[Pair, float | None]) -> list[float | None]:
+    """Per-sample mean win probability from pairwise verdicts ``{(i, j): P(i beats j)}`` among ``k``
+    samples; missing verdicts are skipped, and a sample with none is missing."""
+    wins = [0.0] * k
+    games = [0] * k
+    for (i, j), p in verdicts.items():
+        if p is None:
+            continue
+        wins[i] += p
+        wins[j] += 1.0 - p
+        games[i] += 1
+        games[j] += 1
+    return [wins[i] / games[i] if games[i] else None for i in range(k)]

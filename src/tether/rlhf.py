@@ -1,0 +1,193 @@
+"""The synthetic InstructGPT pipeline's two study stages: gold-labelled data, and reward over-optimisation.
+
+``gold_data`` writes what human labellers give InstructGPT, produced by the hidden gold reward of
+``tether.tasks.gold``: demonstrations for SFT (``STAGE/sft.jsonl``, a share of them with the
+labellers' slips) and comparisons for the reward model (``STAGE/pairs.jsonl`` and held-out
+``STAGE/pairs_eval.jsonl``).
+
+``overoptimization`` is PPO against a learned reward model at several KL coefficients (Gao,
+Schulman and Hilton 2022, "Scaling Laws for Reward Model Overoptimization"): optimise a proxy (a
+reward model trained on gold labels) and measure both as the policy moves away from its start. The
+proxy keeps rising with KL(pi || pi_init); the gold reward rises, peaks and falls. Each beta is one
+PPO run from the same SFT model (``PPOConfig`` with ``kl.coef = beta``, fixed controller), ending
+with the PPO trainer's held-out evaluation: sampled completions of held-out prompts scored by proxy
+and gold, and their KL to the SFT model per completion (k1, summed over tokens). The stage writes
+``RUN_DIR/overoptimization.png`` (gold and proxy against KL, one point per beta, each run's training
+trajectory faint behind it) and returns the figures keyed ``beta=B/gold`` etc. Differs from the
+paper: Gao et al. follow KL along one long run (and best-of-n); a beta sweep reaches the large-KL
+end in few steps on a CPU. Their x axis is sqrt(KL); ours is KL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tether.config import StageConfig, StrictModel
+from tether.pipeline import register_stage
+from tether.tasks import get_task
+from tether.tasks.gold import gold_comparisons, noisy_demonstrations
+from tether.trainers import checkpoint as ckpt
+from tether.trainers.metrics import read_metrics
+from tether.trainers.ppo import PPOConfig
+
+log = logging.getLogger(__name__)
+
+PLOT_FILE = "overoptimization.png"
+
+
+# ---- gold-labelled data --------------------------------------------------------------------------------
+class GoldTask(StrictModel):
+    name: str = "arithmetic"
+    options: dict[str, Any] = Field(default_factory=lambda: {"digits": 2, "operators": "+"})
+
+
+class GoldDataConfig(StageConfig):
+    """Demonstrations and comparisons labelled by the gold reward (``tether.tasks.gold``)."""
+
+    type: Literal["gold_data"] = "gold_data"
+    task: GoldTask = Field(default_factory=GoldTask)
+    sft_n: int = Field(4000, ge=0, description="demonstrations (train split)")
+    noise: float = Field(0.0, ge=0, le=1, description="share of demonstrations with a labeller's slip")
+    noise_error: Literal["answer", "dropped_carry"] = Field("dropped_carry", description="the slip")
+    pairs_n: int = Field(6000, ge=1, description="comparisons (train split)")
+    eval_pairs_n: int = Field(200, ge=0, description="held-out comparisons (eval split)")
+    errors: dict[Literal["answer", "dropped_carry"], float] = Field(
+        default_factory=lambda: {"answer": 1.0, "dropped_carry": 1.0},
+        description="weights of the error kinds in the rejected completions")
+    seed: int = 0
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
+
+
+def gold_data(cfg: GoldDataConfig, out_dir: str | Path) -> dict[str, float]:
+    """Write ``sft.jsonl``, ``pairs.jsonl`` and ``pairs_eval.jsonl`` into ``out_dir``; returns their counts."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    task = get_task(cfg.task.name, **cfg.task.options)
+    demos = noisy_demonstrations(task, cfg.sft_n, noise=cfg.noise, error=cfg.noise_error,
+                                                   seed=cfg.seed) if cfg.sft_n else []
+    pairs = gold_comparisons(task, cfg.pairs_n, errors=cfg.errors, seed=cfg.seed)
+    held = gold_comparisons(task, cfg.eval_pairs_n, errors=cfg.errors, seed=cfg.seed, split="eval") \
+        if cfg.eval_pairs_n else []
+    for name, records in (("sft.jsonl", demos), ("pairs.jsonl", pairs), ("pairs_eval.jsonl", held)):
+        write_jsonl(out_dir / name, records)
+    return {"demonstrations": len(demos), "pairs": len(pairs), "eval_pairs": len(held),
+            "pairs_dropped_carry": sum(p["error"] == "dropped_carry" for p in pairs) / max(len(pairs), 1)}
+
+
+@register_stage("gold_data", GoldDataConfig, "demonstrations and comparisons labelled by a hidden gold reward")
+def run_gold_data(cfg: GoldDataConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    stage_dir = run_dir / (cfg.name or cfg.type)
+    results = gold_data(cfg, stage_dir)
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results
+
+
+# ---- the over-optimisation sweep -----------------------------------------------------------------------
+
+
+class OverOptimizationConfig(PPOConfig):
+    """A PPO stage run once per KL coefficient in ``betas`` (everything else shared)."""
+
+    type: Literal["overoptimization"] = "overoptimization"
+    betas: list[float] = Field(default_factory=lambda: [0.3, 0.1, 0.03, 0.0], min_length=1)
+
+    @model_validator(mode="after")
+    def _measurable(self) -> OverOptimizationConfig:
+        if self.eval is None or self.gold is None:
+            raise ValueError("an over-optimisation sweep needs 'eval' (held-out prompts) and 'gold' (the true reward)")
+        if any(b < 0 for b in self.betas):
+            raise ValueError(f"betas must be >= 0, got {self.betas}")
+        return self
+
+
+def run_name(cfg: OverOptimizationConfig, beta: float) -> str:
+    return f"{cfg.name or cfg.type}-beta{beta:g}"
+
+
+def ppo_config(cfg: OverOptimizationConfig, beta: float, *, first: bool) -> PPOConfig:
+    """The PPO stage of one beta; the first run also evaluates the starting (SFT) policy."""
+    data = cfg.model_dump(exclude={"betas", "type", "name"})
+    data["kl"].update(coef=beta, controller="fixed")
+    data["eval"]["before"] = first
+    return PPOConfig.model_validate({**data, "type": "ppo", "name": run_name(cfg, beta)})
+
+
+def sweep(cfg: OverOptimizationConfig, run_dir: str | Path, *, resume: bool = True) -> dict[str, float]:
+    """One PPO run per beta (a finished run is read back, not redone); writes the plot; returns the figures."""
+    from tether.stages import train_ppo
+
+    run_dir = Path(run_dir)
+    results: dict[str, float] = {}
+    for i, beta in enumerate(cfg.betas):
+        done = ckpt.read_done(run_dir / run_name(cfg, beta))
+        figures = done["results"] if done else train_ppo(ppo_config(cfg, beta, first=i == 0), out=run_dir,
+                                                         resume=resume)
+        for key in ("gold", "proxy", "kl", "accuracy"):
+            if key in figures:
+                results[f"beta={beta:g}/{key}"] = figures[key]
+            if f"before/{key}" in figures:
+                results[f"start/{key}"] = figures[f"before/{key}"]
+    golds = {b: results[f"beta={b:g}/gold"] for b in cfg.betas}
+    best = max(golds, key=golds.get)
+    results.update({"peak_beta": best, "peak_gold": golds[best], "peak_kl": results[f"beta={best:g}/kl"]})
+    plot_overoptimization(results, cfg.betas, run_dir / PLOT_FILE,
+                          trajectories={b: read_metrics(run_dir, run_name(cfg, b)) for b in cfg.betas})
+    return results
+
+
+def plot_overoptimization(results: dict[str, float], betas: list[float], path: Path,
+                          trajectories: dict[float, list[dict]] | None = None) -> Path:
+    """Gold (left axis) and proxy (right axis) reward against KL: one point per beta, the start at KL 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sorted((results[f"beta={b:g}/kl"], results[f"beta={b:g}/gold"], results[f"beta={b:g}/proxy"], b)
+                    for b in betas)
+    if "start/gold" in results:
+        points.insert(0, (0.0, results["start/gold"], results["start/proxy"], None))
+    kl, gold, proxy, labels = zip(*points, strict=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    right = ax.twinx()
+    for rows in (trajectories or {}).values():
+        steps = [r for r in rows if r.get("kl/sequence") is not None and r.get("reward/gold") is not None]
+        if steps:
+            ax.plot([r["kl/sequence"] for r in steps], [r["reward/gold"] for r in steps], color="tab:green",
+                    alpha=0.15, lw=1)
+            right.plot([r["kl/sequence"] for r in steps], [r["reward/proxy"] for r in steps], color="tab:blue",
+                       alpha=0.15, lw=1)
+    ax.plot(kl, gold, "o-", color="tab:green", label="gold reward")
+    right.plot(kl, proxy, "s--", color="tab:blue", label="proxy (reward model)")
+    for x, y, b in zip(kl, gold, labels, strict=True):
+        ax.annotate("SFT" if b is None else f"β={b:g}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("KL(π ‖ π_SFT) per completion, nats (held-out samples)")
+    ax.set_ylabel("gold reward", color="tab:green")
+    right.set_ylabel("proxy reward (RM score)", color="tab:blue")
+    ax.set_title("Reward over-optimisation: PPO against a learned reward model")
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+@register_stage("overoptimization", OverOptimizationConfig,
+                "reward over-optimisation: PPO at several KL coefficients, gold and proxy reward against KL")
+def run_overoptimization(cfg: OverOptimizationConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
+    results = sweep(cfg, run_dir, resume=resume)
+    stage_dir = run_dir / (cfg.name or cfg.type)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results

@@ -1,0 +1,70 @@
+"""Short programming tasks scored by hidden unit tests run in the sandbox.
+
+A problem asks for a one-line function (``Write f(x) that returns x plus 7.``); its gold
+``answer`` is the JSON list of hidden ``assert`` tests (never shown in the prompt), and its
+``solution`` the reference program a demonstration writes. ``verify`` runs a completion's program
+and the tests in :mod:`tether.rewards.sandbox` and returns the fraction of tests passed
+(``partial=False``: 1 only when all pass). The families are small on purpose: the tiny model must
+read a constant and an operation from the prompt and write them into a function body.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+from tether.tasks.base import TASKS, Problem
+
+# family -> (prompt text, solution body, probe inputs); {k} is the problem's constant.
+FAMILIES: dict[str, tuple[str, str, tuple]] = {
+    "add": ("returns x plus {k}", "x + {k}", (0, 3, -5, 12)),
+    "sub": ("returns x minus {k}", "x - {k}", (0, 4, 20, -1)),
+    "mul": ("returns x times {k}", "x * {k}", (0, 1, 7, -3)),
+    "mod": ("returns x modulo {k}", "x % {k}", (5, 17, 100, 31)),
+    "gt": ("returns whether x is greater than {k}", "x > {k}", (0, 50, 99, -7)),
+    "eq": ("returns whether x equals {k}", "x == {k}", (0, 1, 9, 42)),
+}
+
+
+@dataclass(frozen=True)
+class CodeProblem(Problem):
+    solution: str = ""
+
+
+class CodeTask:
+    """``Write f(x) that ...`` problems with hidden tests; see the module docstring."""
+
+    name = "code"
+
+    def __init__(self, families: list[str] | tuple[str, ...] = tuple(FAMILIES), max_constant: int = 999,
+                 partial: bool = False, limits: dict | None = None) -> None:
+        unknown = sorted(set(families) - set(FAMILIES))
+        if unknown or not families:
+            raise ValueError(f"families must be a non-empty subset of {sorted(FAMILIES)}, got {list(families)}")
+        self.families, self.max_constant, self.partial = list(families), max_constant, partial
+        self.limits = {"cpu_s": 1.0, "wall_s": 5.0, **(limits or {})}
+
+    def sample(self, rng: random.Random) -> CodeProblem:
+        family = rng.choice(self.families)
+        k = rng.randint(1, self.max_constant)
+        text, body, probes = FAMILIES[family]
+        body = body.format(k=k)
+        solution = f"def f(x):\n    return {body}"
+        tests = [f"assert f({x}) == {eval(body, {'x': x})!r}" for x in probes]
+        return CodeProblem(prompt=f"Write f(x) that {text.format(k=k)}.", answer=json.dumps(tests),
+                           reasoning="", solution=solution)
+
+    def verify(self, completion: str, answer: str) -> float:
+        """Fraction of the hidden tests (``answer``, JSON) the completion's program passes."""
+        from tether.rewards.code import code_tests_reward
+
+        score = code_tests_reward([""], [completion], tests=[answer], partial=self.partial, limits=self.limits,
+                                  workers=1)[0]
+        return 0.0 if score is None else score
+
+    def pretrain_text(self, problem: CodeProblem) -> str:
+        return f"# {problem.prompt}\n{problem.solution}"
+
+
+TASKS.register("code")(CodeTask)

@@ -1,0 +1,370 @@
+"""Distillation and rejection-sampling fine-tuning: generate -> filter -> SFT, once or in rounds.
+
+Stage types (each a thin wrapper over a public function):
+
+- ``generate``: a model (local, or an OpenAI-compatible endpoint) writes K samples per prompt to
+  ``STAGE/corpus.jsonl``, resumably (:func:`tether.generation.generate_corpus`).
+- ``filter``: a corpus -> ``STAGE/corpus.jsonl`` of the samples worth learning from, by verifier,
+  reward model, length, format and deduplication, with a count per reason for the rest
+  (:func:`tether.filtering.filter_corpus`); optionally ``STAGE/pairs.jsonl``, chosen / rejected
+  pairs for a reward model trained on the policy's own samples.
+- the existing ``sft`` stage trains the student on ``@filter/corpus.jsonl`` with the prompt
+  masked and the whole completion (``<think>`` block and answer, and EOS) in the loss. That is
+  R1-distill (DeepSeek-AI 2025, "DeepSeek-R1", sec. 2.4: a strong model's verified reasoning
+  traces, ~800k of them, SFT into smaller dense models, no RL on the student).
+- ``self_distill``: the model is its own teacher for ``iterations`` rounds of generate ->
+  filter -> SFT, with held-out figures after each round. ``algorithm`` picks the defaults:
+
+  ========  =========================================================================  =====================
+  preset    paper and what the preset sets                                              each round trains
+  ========  =========================================================================  =====================
+  ``star``  STaR, Zelikman et al. 2022: keep samples whose answer checks out;           from the base model,
+            steps grow 20% a round. No rationalisation (re-asking failed problems       steps x 1.2 per round
+            with the answer as a hint) here.
+  ``rest``  ReST, Gulcehre et al. 2023: Grow (sample from the current policy), then     from the last round's
+            Improve (fine-tune on samples with reward >= threshold). One Improve        model
+            step per Grow step; with a 0/1 verifier the threshold schedule collapses
+            to "correct". (ReST-EM, Singh et al. 2023, is the ``star`` restart.)
+  ``raft``  RAFT, Dong et al. 2023: the best sample of each prompt by reward           from the last round's
+            (``filter.max_per_prompt: 1``), then SFT.                                    model
+  ========  =========================================================================  =====================
+
+- ``best_of_n``: held-out accuracy of best-of-n against n for each scorer, with a table in the
+  results and ``STAGE/best_of_n.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from tether.config import DataConfig, EvalConfig, StageConfig, StrictModel, TaskSource, known_name
+from tether.filtering import (
+    FilterConfig,
+    ScorerConfig,
+    build_scorer,
+    filter_corpus,
+    preference_pairs,
+    sft_records,
+)
+from tether.generation import (
+    generate_corpus,
+    make_engine,
+    read_corpus,
+    read_prompt_records,
+    task_prompt_records,
+    write_records,
+)
+from tether.models.loading import resolve_model
+from tether.pipeline import deep_merge, register_stage
+from tether.rollout import SamplingParams
+from tether.trainers import checkpoint as ckpt
+from tether.trainers.metrics import MetricsLogger
+
+log = logging.getLogger(__name__)
+
+
+# ---- configs -----------------------------------------------------------------------------------------
+class PromptSource(StrictModel):
+    """Prompts to sample from: a file (``prompt`` + other columns, e.g. ``answer``) or a task split."""
+
+    path: str | None = None
+    task: TaskSource | None = None
+    split: Literal["train", "eval"] = "train"
+    prompt_template: str = "{prompt}"
+    chat: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PromptSource:
+        if (self.path is None) == (self.task is None):
+            raise ValueError("prompts need exactly one of 'path' or 'task'")
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError("prompts.prompt_template must contain '{prompt}'")
+        return self
+
+    def records(self) -> list[dict]:
+        if self.path is not None:
+            return read_prompt_records(self.path)
+        return task_prompt_records(self.task.name, self.task.n, options=self.task.options, seed=self.task.seed,
+                                   split=self.split)
+
+
+class SamplingConfig(StrictModel):
+    n: int = Field(4, ge=1, description="samples per prompt")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(64, ge=1)
+    seed: int | None = 0
+    batch_size: int = Field(256, ge=1, description="samples per engine call (and per flush to disk)")
+
+    def params(self, seed_offset: int = 0) -> SamplingParams:
+        seed = None if self.seed is None else self.seed + seed_offset
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, seed=seed)
+
+
+class EngineConfig(StrictModel):
+    """``local``: the stage's model in-process; ``openai``: an OpenAI-compatible endpoint at ``base_url``
+    serving ``served_model``, with ``model.name_or_path`` naming the local tokenizer."""
+
+    kind: Literal["local", "openai"] = "local"
+    base_url: str | None = None
+    served_model: str | None = Field(None, description="model id at the endpoint (default: model.name_or_path)")
+    api_key_env: str | None = None
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0)
+    concurrency: int = Field(8, ge=1)
+    cache_dir: str | None = None
+
+
+class GenerateConfig(StageConfig):
+    type: Literal["generate"] = "generate"
+    prompts: PromptSource = Field(default_factory=lambda: PromptSource(task=TaskSource()))
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    output: Literal["jsonl", "parquet"] = "jsonl"
+    verifier: ScorerConfig | None = Field(None, description="reports the share of samples it scores >= 1")
+
+
+class PairsConfig(StrictModel):
+    """Chosen / rejected pairs among each prompt's samples (``tether.rewards.pairing`` rules)."""
+
+    scorer: ScorerConfig = Field(default_factory=ScorerConfig)
+    rule: str = "all_pairs"
+    max_per_prompt: int = Field(4, ge=1)
+    margin: float = 0.0
+    threshold: float | None = None
+
+    @field_validator("rule")
+    @classmethod
+    def _known_rule(cls, value: str) -> str:
+        from tether.rewards.pairing import PAIR_RULES
+
+        return known_name(PAIR_RULES, value)
+
+
+class FilterStageConfig(StageConfig):
+    type: Literal["filter"] = "filter"
+    input: str = Field(description="the corpus to filter, e.g. '@generate/corpus.jsonl'")
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    chat: bool = Field(False, description="write chat records (user prompt, assistant completion)")
+    pairs: PairsConfig | None = None
+
+
+class CorpusDataConfig(StrictModel):
+    """How each round's corpus is tokenised for SFT (see ``DataConfig``)."""
+
+    max_length: int = Field(512, ge=8)
+    overflow: Literal["truncate", "drop"] = "truncate"
+    packing: bool = True
+    pack_length: int = Field(512, ge=8)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "star": {"restart": "base", "step_growth": 1.2},
+    "rest": {"restart": "previous", "step_growth": 1.0},
+    "raft": {"restart": "previous", "step_growth": 1.0, "filter": {"max_per_prompt": 1}},
+}
+
+
+class SelfDistillConfig(StageConfig):
+    """Rounds of generate -> filter -> SFT with the model as its own teacher; ``train`` / ``optim`` are
+    each round's SFT, ``eval`` runs after every round."""
+
+    type: Literal["self_distill"] = "self_distill"
+    algorithm: Literal["star", "rest", "raft"] = "rest"
+    iterations: int = Field(2, ge=1)
+    prompts: PromptSource = Field(default_factory=lambda: PromptSource(task=TaskSource()))
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    restart: Literal["base", "previous"] = "previous"
+    step_growth: float = Field(1.0, gt=0, description="train.max_steps is multiplied by this every round")
+    data: CorpusDataConfig = Field(default_factory=CorpusDataConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):  # the verifier filter is on unless set to null explicitly
+            defaults = deep_merge({"filter": {"verifier": {}}}, PRESETS.get(data.get("algorithm") or "rest", {}))
+            return deep_merge(defaults, data)
+        return data
+
+
+class BestOfNConfig(StageConfig):
+    """Best-of-n accuracy on ``eval.n`` held-out problems, sampled at ``eval.temperature``."""
+
+    type: Literal["best_of_n"] = "best_of_n"
+    ns: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
+    scorers: dict[str, ScorerConfig] = Field(default_factory=lambda: {"verifier": ScorerConfig()})
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _positive(self) -> BestOfNConfig:
+        if not self.ns or min(self.ns) < 1:
+            raise ValueError("ns must be a non-empty list of positive sample counts")
+        return self
+
+
+# ---- generate ----------------------------------------------------------------------------------------
+def _engine(cfg: GenerateConfig | SelfDistillConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    engine = getattr(cfg, "engine", EngineConfig())
+    if engine.kind == "local":
+        model, tokenizer = resolve_model(model, tokenizer, cfg.model)
+        return make_engine("local", model, tokenizer=tokenizer, batch_size=cfg.sampling.batch_size)
+    return make_engine("openai", engine.served_model or cfg.model.name_or_path,
+                       tokenizer=tokenizer or cfg.model.name_or_path, base_url=engine.base_url,
+                       api_key_env=engine.api_key_env, timeout=engine.timeout, max_retries=engine.max_retries,
+                       concurrency=engine.concurrency, cache_dir=engine.cache_dir)
+
+
+def generate(config: GenerateConfig | dict, *, out: str | Path, model: Any = None, tokenizer: Any = None,
+             prompts: Any = None, resume: bool = True, sampling_seed_offset: int = 0,
+             verifier: ScorerConfig | None = None) -> dict[str, float]:
+    """Sample ``config.sampling.n`` completions per prompt into ``out`` (``.jsonl`` / ``.parquet``).
+
+    ``model``: a path or a loaded model (with ``tokenizer``) replacing ``config.model``; ``prompts``:
+    records or strings replacing ``config.prompts``. Returns the corpus counts, and with a
+    ``verifier`` (default ``config.verifier``) the share of samples it scores >= 1 (``sample_accuracy``).
+    """
+    cfg = config if isinstance(config, GenerateConfig | SelfDistillConfig) else GenerateConfig.model_validate(config)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    engine, tokenizer = _engine(cfg, model, tokenizer)
+    records = cfg.prompts.records() if prompts is None else prompts
+    meta = {"model": str(model if isinstance(model, str | Path) else cfg.model.name_or_path)}
+    stats = generate_corpus(engine, tokenizer, records, out, cfg.sampling.params(sampling_seed_offset),
+                            chat=cfg.prompts.chat, prompt_template=cfg.prompts.prompt_template,
+                            batch_size=cfg.sampling.batch_size, resume=resume, meta=meta,
+                            progress=cfg.train.progress)
+    verifier = verifier or getattr(cfg, "verifier", None)
+    if verifier is not None:
+        scores = build_scorer(verifier)(read_corpus(out))
+        stats["sample_accuracy"] = sum(s is not None and s >= 1.0 for s in scores) / max(len(scores), 1)
+    return stats
+
+
+@register_stage("generate", GenerateConfig, "sample K completions per prompt into a corpus (resumable)")
+def run_generate(cfg: GenerateConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    stage_dir = run_dir / cfg.name
+    results = generate(cfg, out=stage_dir / f"corpus.{cfg.output}", resume=resume)
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results
+
+
+# ---- filter ------------------------------------------------------------------------------------------
+def filter_file(cfg: FilterStageConfig | dict, out_dir: str | Path) -> dict[str, float]:
+    """Filter the corpus ``cfg.input`` into ``out_dir/corpus.jsonl`` (and ``pairs.jsonl``); returns the summary."""
+    cfg = cfg if isinstance(cfg, FilterStageConfig) else FilterStageConfig.model_validate(cfg)
+    out_dir = Path(out_dir)
+    records = read_corpus(cfg.input)
+    kept, summary = filter_corpus(records, cfg.filter)
+    write_records(out_dir / "corpus.jsonl", sft_records(kept, chat=cfg.chat))
+    if cfg.pairs is not None:
+        usable = [r for r in records if isinstance(r.get("completion"), str) and r["completion"].strip()]
+        pairs = preference_pairs(usable, build_scorer(cfg.pairs.scorer)(usable), rule=cfg.pairs.rule,
+                                 max_per_prompt=cfg.pairs.max_per_prompt, margin=cfg.pairs.margin,
+                                 threshold=cfg.pairs.threshold)
+        write_records(out_dir / "pairs.jsonl", pairs)
+        summary["pairs"] = len(pairs)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+@register_stage("filter", FilterStageConfig, "keep the samples of a corpus worth learning from (verifier, RM, ...)")
+def run_filter(cfg: FilterStageConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    stage_dir = run_dir / cfg.name
+    results = filter_file(cfg, stage_dir)
+    log.info("filter %s: kept %d of %d", cfg.name, results["kept"], results["records"])
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results
+
+
+# ---- self-distillation -------------------------------------------------------------------------------
+def _round_sft_config(cfg: SelfDistillConfig, round_: int, start_model: str, corpus: Path) -> Any:
+    from tether.trainers.sft import SFTConfig
+
+    steps = max(1, round(cfg.train.max_steps * cfg.step_growth ** (round_ - 1)))
+    return SFTConfig(name=f"{cfg.name}/iter-{round_}", type="sft",
+                     model=cfg.model.model_copy(update={"name_or_path": start_model}),
+                     optim=cfg.optim, train=cfg.train.model_copy(update={"max_steps": steps}), eval=cfg.eval,
+                     report_to=cfg.report_to, data=DataConfig(path=str(corpus), **cfg.data.model_dump()))
+
+
+def _distill_round(cfg: SelfDistillConfig, run_dir: Path, round_: int, teacher: str, resume: bool
+                   ) -> dict[str, float]:
+    """One round: the model at ``teacher`` samples, the filter keeps, SFT trains ``STAGE/iter-N``."""
+    from tether.stages import train_sft
+
+    round_dir = run_dir / cfg.name / f"iter-{round_}"
+    done = ckpt.read_done(round_dir)
+    if done is not None:
+        return done["results"]
+    stats = generate(cfg, out=round_dir / "samples.jsonl", model=teacher, resume=resume,
+                     sampling_seed_offset=1000 * round_, verifier=cfg.filter.verifier)
+    kept, summary = filter_corpus(read_corpus(round_dir / "samples.jsonl"), cfg.filter)
+    if not kept:
+        raise ValueError(f"{cfg.name} round {round_}: the filter kept none of {summary['records']} samples "
+                         f"({summary}); sample more (sampling.n) or loosen the filter")
+    write_records(round_dir / "filtered.jsonl", sft_records(kept, chat=cfg.prompts.chat))
+    start = cfg.model.name_or_path if cfg.restart == "base" else teacher
+    figures = train_sft(_round_sft_config(cfg, round_, start, round_dir / "filtered.jsonl"), out=run_dir,
+                        resume=resume)
+    names = {"records": "sample/records", "mean_tokens": "sample/mean_tokens", "sample_accuracy": "sample/accuracy"}
+    results = {**{names[k]: v for k, v in stats.items() if k in names},
+               **{f"filter/{k}": v for k, v in summary.items()}, **figures}
+    ckpt.mark_done(round_dir, {**(ckpt.read_done(round_dir) or {}), "results": results})  # the SFT's + filter's
+    return results
+
+
+def self_distill(config: SelfDistillConfig | dict, *, out: str | Path, resume: bool = True) -> dict[str, float]:
+    """STaR / ReST / RAFT rounds (see the module docstring). Each round's model is ``out/STAGE/iter-N``;
+    the last one is also exported to ``out/STAGE``. Returns ``iterN/<figure>`` for every round, the
+    kept fraction ``iterN/filter/kept_fraction``, and the last round's figures unprefixed."""
+    cfg = config if isinstance(config, SelfDistillConfig) else SelfDistillConfig.model_validate(config)
+    run_dir, stage_dir = Path(out), Path(out) / cfg.name
+    logger = MetricsLogger(run_dir, cfg.name, report_to=[])
+    teacher, results = cfg.model.name_or_path, {}
+    if cfg.model.config_overrides:
+        raise ValueError("self_distill starts from a trained model; config_overrides do not apply")
+    for round_ in range(1, cfg.iterations + 1):
+        figures = _distill_round(cfg, run_dir, round_, teacher, resume)
+        logger.log(round_, {k: v for k, v in figures.items() if isinstance(v, int | float)})
+        results.update({f"iter{round_}/{k}": v for k, v in figures.items()})
+        teacher = str(stage_dir / f"iter-{round_}")
+        log.info("%s round %d: %s", cfg.name, round_, {k: v for k, v in figures.items() if "accuracy" in k})
+    logger.close()
+    for file in Path(teacher).iterdir():
+        if file.is_file() and file.name != ckpt.DONE_FILE:
+            shutil.copy2(file, stage_dir / file.name)
+    results.update({k: v for k, v in figures.items() if "/" not in k})
+    return results
+
+
+@register_stage("self_distill", SelfDistillConfig, "STaR / ReST / RAFT: rounds of generate -> filter -> SFT")
+def run_self_distill(cfg: SelfDistillConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    results = self_distill(cfg, out=run_dir, resume=resume)
+    ckpt.mark_done(run_dir / cfg.name, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results
+
+
+# ---- best-of-n ---------------------------------------------------------------------------------------
+@register_stage("best_of_n", BestOfNConfig, "held-out best-of-n accuracy against n, per scorer, with a plot")
+def run_best_of_n(cfg: BestOfNConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    from tether.best_of_n import run_best_of_n
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    stage_dir = run_dir / cfg.name
+    model, tokenizer = resolve_model(None, None, cfg.model)
+    results = run_best_of_n(model, cfg.eval, cfg.ns, dict(cfg.scorers), tokenizer=tokenizer,
+                            corpus=stage_dir / "samples.jsonl", plot=stage_dir / "best_of_n.png",
+                            progress=cfg.train.progress)
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results

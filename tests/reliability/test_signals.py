@@ -1,0 +1,111 @@
+"""Graceful stop through the real command line: SIGTERM / SIGINT sent to a running `tether sft` process
+finish the step, write a checkpoint, exit 128+signal with the exact command that resumes, and that command
+finishes the run with the weights of an uninterrupted one."""
+
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tether.cli import resume_command
+from tether.trainers.checkpoint import FAULT_DELAY_ENV, list_checkpoints, verify_checkpoint
+
+CONFIG = """\
+model: {name_or_path: tether/tiny}
+data: {task: {name: arithmetic, options: {digits: 2}, n: 32}, pack_length: 128}
+train: {max_steps: 8, batch_size: 8, save_every: 1, log_every: 1, threads: 1, progress: false}
+optim: {lr: 3.0e-3, schedule: constant}
+report_to: []
+"""
+
+
+def cli(argv: list[str], log: Path, *, delay: float | None = None) -> int:
+    """Fork a child that runs ``tether ARGV`` with its output in ``log``; returns the pid."""
+    import tether.stages  # noqa: F401  (imported before the fork, so the child starts at once)
+
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if delay:
+            os.environ[FAULT_DELAY_ENV] = str(delay)
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        sys.argv = ["tether", *argv]
+        from tether.cli import main
+
+        main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def wait(pid: int, timeout: float = 300) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("the child did not finish")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_cli_checkpoints_and_prints_the_resume_command(tmp_path, signum):
+    config = tmp_path / "sft.yaml"
+    config.write_text(CONFIG)
+    out = tmp_path / "run"
+    pid = cli(["sft", "--config", str(config), "--out", str(out)], tmp_path / "stopped.log", delay=0.2)
+    checkpoints = out / "sft" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "step-000002").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(pid, signum)
+    code = wait(pid)
+    output = (tmp_path / "stopped.log").read_text()
+    assert code == 128 + signum, output
+    assert "interrupted:" in output and signal.Signals(signum).name in output
+    saved = list_checkpoints(out / "sft")
+    assert saved and all(verify_checkpoint(p) for p in saved)
+    assert not any(p.name.endswith(".tmp") for p in checkpoints.iterdir())
+    step = int(saved[-1].name.split("-")[1])
+    assert 2 <= step < 8 and f"after step {step} of 8" in output  # the checkpoint holds the last finished step
+    line = next(li for li in output.splitlines() if li.startswith("resume with: "))
+    command = shlex.split(line.removeprefix("resume with: "))
+    assert command == ["tether", "sft", "--config", str(config), "--out", str(out), "--resume"]
+    if signum == signal.SIGINT:
+        return
+    # the printed command finishes the run, and lands on the uninterrupted run's weights
+    assert wait(cli(command[1:], tmp_path / "resumed.log")) == 0, (tmp_path / "resumed.log").read_text()
+    reference = tmp_path / "reference"
+    assert wait(cli(["sft", "--config", str(config), "--out", str(reference)], tmp_path / "ref.log")) == 0
+    got, want = load_file(out / "sft" / "model.safetensors"), load_file(reference / "sft" / "model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_the_resume_command_adds_out_and_resume():
+    run = Path("runs") / "sft-20260101-000000"
+    assert resume_command(["sft", "--config", "a b.yaml"], run) == \
+        f"tether sft --config 'a b.yaml' --out {run} --resume"
+    assert resume_command(["run", "--no-resume", "--out=x", "sft.train.max_steps=3"], Path("x")) == \
+        "tether run --out=x sft.train.max_steps=3 --resume"

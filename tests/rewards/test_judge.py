@@ -1,0 +1,187 @@
+"""LLM judges: parsing, templates, position swap, missing replies, and the endpoint path (cache, 500s,
+garbage, an endpoint that goes down mid-run) against a scripted server on a loopback port."""
+
+import re
+import sys
+import types
+
+import pytest
+
+from tether.rewards.judge import (
+    EndpointJudgeBackend,
+    JudgeConfig,
+    PairwiseJudge,
+    PointwiseJudge,
+    build_judge,
+    judge_records,
+    load_template,
+    parse_score,
+    parse_verdict,
+    render_template,
+    template_names,
+)
+from tether.rollout import EndpointError, OpenAIEngine
+from tether.tasks import get_task
+
+
+def test_parse_score_reads_the_last_score_in_range():
+    assert parse_score("Good answer.\nScore: 7", 1, 10) == 7.0
+    assert parse_score("Score: 3 at first... final **Rating: 8/10**", 1, 10) == 8.0
+    assert parse_score("  4.5 ", 1, 10) == 4.5  # a bare number
+    assert parse_score("1", 0, 1) == 1.0
+    assert parse_score("Score: 11", 1, 10) is None  # off the scale: missing, not clipped
+    assert parse_score("It deserves a 7 I think", 1, 10) is None  # no score marker, not only a number
+    assert parse_score("", 1, 10) is None
+
+
+def test_parse_verdict_reads_brackets_phrases_and_bare_letters():
+    assert parse_verdict("A is verbose, B is right. [[B]]") == "B"
+    assert parse_verdict("[[A]] ... on reflection [[C]]") == "tie"  # the last verdict counts
+    assert parse_verdict("Verdict: Assistant A") == "A"
+    assert parse_verdict("The better response is B.") == "B"
+    assert parse_verdict("A") == "A" and parse_verdict(" (B) ") == "B"
+    assert parse_verdict("A good answer would explain more") is None  # a leading word "A" is not a verdict
+    assert parse_verdict("xq7") is None and parse_verdict("AB") is None
+
+
+def test_templates_are_package_files_with_placeholders():
+    assert {"pointwise", "pairwise", "self-rewarding", "compact-pointwise", "compact-pairwise"} <= set(template_names())
+    text = render_template(load_template("pairwise"), prompt="2+2=", response_a="4", response_b="{prompt}")
+    assert "[[A]]" in text and "2+2=" in text and "principle" not in text.lower()
+    # a response holding a placeholder is left as it is (filled once, in a fixed order)
+    assert "{prompt}" in text
+    with_rule = render_template(load_template("pointwise"), prompt="q", response="r", principle="Be brief.",
+                                scale=(1, 10))
+    assert "Be brief." in with_rule and "scale of 1 to 10" in with_rule
+    with pytest.raises(ValueError, match="built-in"):
+        load_template("no-such-template")
+
+
+def _prefers(word):
+    """A pairwise judge function that answers A or B for whichever response holds ``word``."""
+    def judge(prompts):
+        out = []
+        for p in prompts:
+            a = re.search(r"A:(.*)\nB:", p, re.S)[1]
+            out.append("A" if word in a else "B")
+        return out
+    return judge
+
+
+def test_position_swap_keeps_consistent_verdicts_and_ties_the_rest():
+    judge = PairwiseJudge(_prefers("good"), template="compact-pairwise")
+    values = judge.compare(["q1", "q2"], ["good", "bad"], ["bad", "good"])
+    assert values == [1.0, 0.0]
+    metrics = judge.take_metrics()
+    assert metrics["judge/consistency"] == 1.0 and metrics["judge/replies"] == 4 and metrics["judge/ties"] == 0
+
+    biased = PairwiseJudge(lambda prompts: ["A"] * len(prompts), template="compact-pairwise")  # always the first
+    assert biased.compare(["q1", "q2", "q3"], ["x", "y", "z"], ["u", "v", "w"]) == [0.5, 0.5, 0.5]
+    metrics = biased.take_metrics()
+    assert metrics["judge/consistency"] == 0.0 and metrics["judge/ties"] == 3 and metrics["judge/judged"] == 3
+
+    unswapped = PairwiseJudge(lambda prompts: ["A"] * len(prompts), template="compact-pairwise", swap=False)
+    assert unswapped.compare(["q"], ["x"], ["y"]) == [1.0]  # without the swap the bias goes through
+    assert "judge/consistency" not in unswapped.take_metrics()
+
+
+def test_unparseable_replies_are_counted_and_scored_missing():
+    replies = iter(["Score: 9", "no idea", "Score: 4", "Score: 99"])
+    judge = PointwiseJudge(lambda prompts: [next(replies) for _ in prompts], template="pointwise")
+    assert judge.score(["a", "b", "c", "d"], ["1", "2", "3", "4"]) == [9.0, None, 4.0, None]
+    metrics = judge.take_metrics()
+    assert metrics["judge/unparseable"] == 2 and metrics["judge/missing"] == 2
+    assert metrics["judge/unparseable_rate"] == 0.5
+    # as a reward function (the reward protocol) and averaged over samples
+    averaged = PointwiseJudge(lambda prompts: None, template="pointwise", samples=2)
+    averaged.backend = lambda prompts, n: [["Score: 2", "Score: 6"], ["??", "Score: 3"]][: len(prompts)]
+    assert averaged(["p", "q"], ["r", "s"], answer=["x", "y"]) == [4.0, 3.0]
+
+    pairwise = PairwiseJudge(lambda prompts: ["[[A]]", "garbage"][: len(prompts)], template="pairwise")
+    assert pairwise.compare(["q"], ["a"], ["b"]) == [None]  # one order unreadable: the pair is missing
+    assert pairwise.take_metrics()["judge/missing"] == 1
+
+
+def _verdict_by_digits(body):
+    """Scripted judge endpoint: prefers the response with more digits (compact pairwise template)."""
+    prompt = body["prompt"]
+    a, b = re.search(r"A:(.*)\nB:(.*)\nBetter:", prompt, re.S).groups()
+    return "A" if sum(c.isdigit() for c in a) > sum(c.isdigit() for c in b) else "B"
+
+
+def _endpoint_judge(url, cache_dir, **engine):
+    engine = OpenAIEngine(url, "judge", cache_dir=cache_dir, backoff=0.001, **engine)
+    return PairwiseJudge(EndpointJudgeBackend(engine, max_new_tokens=4), template="compact-pairwise"), engine
+
+
+def test_judgments_over_http_are_cached_and_survive_500s(fake_endpoint, tmp_path):
+    server = fake_endpoint(_verdict_by_digits, faults=[500, 503])
+    judge, engine = _endpoint_judge(server.base_url, tmp_path / "cache", concurrency=1, max_retries=3)
+    prompts, a, b = ["1+1=", "2+2="], ["2", "x"], ["y", "44"]
+    assert judge.compare(prompts, a, b) == [1.0, 0.0]
+    assert engine.stats["retries"] == 2 and engine.stats["requests"] == 4 and len(server.requests) == 6
+    # the same judgments again: every reply from the cache, no request sent, even with the server gone
+    server.stop()
+    again, engine2 = _endpoint_judge(server.base_url, tmp_path / "cache")
+    assert again.compare(prompts, a, b) == [1.0, 0.0]
+    assert engine2.stats["cache_hits"] == 4 and engine2.stats["requests"] == 0
+
+
+def test_garbage_text_is_unparseable_but_garbage_bodies_are_retried(fake_endpoint, tmp_path):
+    server = fake_endpoint(lambda body: "I cannot decide, both are lovely")
+    judge, engine = _endpoint_judge(server.base_url, tmp_path / "c1")
+    assert judge.compare(["q", "r"], ["a", "b"], ["c", "d"]) == [None, None]
+    assert judge.take_metrics()["judge/unparseable"] == 4
+    assert engine.stats["retries"] == 0 and len(server.requests) == 4  # a readable reply is not asked again
+
+    broken = fake_endpoint(_verdict_by_digits, faults=["garbage"] * 3)
+    judge, engine = _endpoint_judge(broken.base_url, tmp_path / "c2", concurrency=1, max_retries=4)
+    assert judge.compare(["q"], ["11"], ["x"]) == [1.0]
+    assert engine.stats["bad_responses"] == 3 and engine.stats["retries"] == 3
+
+
+def test_endpoint_down_mid_run_is_a_clear_error_and_nothing_judged_is_lost(fake_endpoint, tmp_path):
+    server = fake_endpoint(_verdict_by_digits)
+    judge, engine = _endpoint_judge(server.base_url, tmp_path / "cache", concurrency=1, max_retries=2)
+    prompts = [f"{i}+{i}=" for i in range(4)]
+    a, b = ["12", "x", "345", "y"], ["z", "67", "w", "8"]
+    assert judge.compare(prompts[:2], a[:2], b[:2]) == [1.0, 0.0]
+    server.stop()  # the endpoint goes away
+    with pytest.raises(EndpointError, match=r"4 of 8 requests failed; the 4 answered are cached in .*failed after 3 attempts"):
+        judge.compare(prompts, a, b)
+    assert engine.stats["failed"] == 4 and engine.stats["cache_hits"] == 4
+    # back up on another port: only the 4 replies never received are asked for
+    revived = fake_endpoint(_verdict_by_digits)
+    judge, engine = _endpoint_judge(revived.base_url, tmp_path / "cache")
+    assert judge.compare(prompts, a, b) == [1.0, 0.0, 1.0, 0.0]
+    assert len(revived.requests) == 4 and engine.stats["cache_hits"] == 4
+
+
+def test_build_judge_from_a_config_with_a_callable_backend(monkeypatch):
+    module = types.ModuleType("my_judges")
+    module.first_always = lambda prompts: ["[[A]]"] * len(prompts)
+    monkeypatch.setitem(sys.modules, "my_judges", module)
+    judge = build_judge({"kind": "pairwise", "backend": "callable", "model": "my_judges:first_always"})
+    assert isinstance(judge, PairwiseJudge) and judge.compare(["q"], ["a"], ["b"]) == [0.5]
+    assert judge.take_metrics()["judge/consistency"] == 0.0
+    with pytest.raises(ValueError, match="base_url"):
+        JudgeConfig(backend="endpoint", model="m")
+    with pytest.raises(ValueError, match="needs model"):
+        JudgeConfig(backend="serve")
+
+
+def test_judge_records_have_known_balanced_verdicts():
+    task = get_task("arithmetic", digits=2)
+    pairwise = judge_records(task, 40, kind="pairwise", template="compact-pairwise")
+    assert [r["completion"] for r in pairwise].count("A") == 20
+    first = pairwise[0]
+    correct = re.search(r"A:(.*)\nB:", first["prompt"])[1]
+    question = first["prompt"].split("\n")[1]
+    assert task.verify(correct, str(eval(question[:-1]))) == 1.0 and first["completion"] == "A"
+    pointwise = judge_records(task, 30, kind="pointwise", template="compact-pointwise")
+    assert len(pointwise) == 30 and {r["completion"] for r in pointwise} == {"0", "1"}
+    assert all(r["prompt"].endswith("Score:") for r in pointwise)
+    solving = judge_records(task, 4, kind="pairwise", template="compact-pairwise", solve_first=True)
+    assert all(task.verify(r["completion"].split(" [[")[0], str(eval(r["prompt"].split("\n")[1][:-1]))) == 1.0
+               for r in solving)
+    assert [parse_verdict(r["completion"]) for r in solving] == ["A", "B", "A", "B"]

@@ -1,0 +1,48 @@
+"""Pair rules worked by hand: which (chosen, rejected) indices each rule makes from K scores."""
+
+import math
+
+import pytest
+
+from tether.rewards.pairing import PAIR_RULES, make_pairs, pairwise_scores
+
+
+def test_best_vs_worst_takes_the_extremes_and_respects_the_margin():
+    #          0    1    2     3     4
+    scores = [0.2, 0.9, None, 0.9, -0.5]
+    # best 0.9 (first of the tie: index 1), worst -0.5 (index 4); None takes no part
+    assert make_pairs(scores, "best_vs_worst") == [(1, 4)]
+    assert make_pairs(scores, "best_vs_worst", margin=1.3) == [(1, 4)]  # gap 1.4
+    assert make_pairs(scores, "best_vs_worst", margin=1.5) == []
+    assert make_pairs([0.0, 1.0], "best_vs_worst", margin=1.0) == []  # the gap must exceed the margin
+    assert make_pairs([1.0, 1.0, 1.0], "best_vs_worst") == []  # all equal: no pair
+    assert make_pairs([None, 1.0, math.nan], "best_vs_worst") == []  # one score present
+
+
+def test_all_pairs_orders_by_gap_and_caps():
+    scores = [1.0, 0.0, 0.5]
+    # gaps: (0,1)=1.0, (0,2)=0.5, (2,1)=0.5 -> sorted by gap, then by index
+    assert make_pairs(scores, "all_pairs") == [(0, 1), (0, 2), (2, 1)]
+    assert make_pairs(scores, "all_pairs", margin=0.5) == [(0, 1)]
+    assert make_pairs(scores, "all_pairs", max_pairs=2) == [(0, 1), (0, 2)]
+
+
+def test_threshold_pairs_good_with_bad():
+    scores = [1.0, 0.0, 1.0, 0.0, None]
+    assert make_pairs(scores, "threshold", threshold=0.5) == [(0, 1), (0, 3), (2, 1), (2, 3)]
+    assert make_pairs([0.6, 0.4], "threshold", threshold=0.6) == [(0, 1)]  # at the threshold counts as good
+    with pytest.raises(ValueError, match="threshold"):
+        make_pairs(scores, "threshold")
+
+
+def test_unknown_rule_lists_the_valid_names():
+    with pytest.raises(KeyError, match="best_vs_worst"):
+        make_pairs([1.0, 0.0], "nope")
+    assert set(PAIR_RULES.names()) == {"all_pairs", "best_vs_worst", "threshold"}
+
+
+def test_pairwise_scores_are_mean_win_probabilities():
+    # 3 samples: 0 beats 1, 0 ties 2 (0.5), 1 vs 2 unparseable (None)
+    scores = pairwise_scores(3, {(0, 1): 1.0, (0, 2): 0.5, (1, 2): None})
+    assert scores == [(1.0 + 0.5) / 2, 0.0 / 1, 0.5 / 1]
+    assert pairwise_scores(2, {(0, 1): None}) == [None, None]

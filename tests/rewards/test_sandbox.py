@@ -1,0 +1,162 @@
+"""The sandbox against adversarial programs: each is contained and reported, and the host is unaffected.
+
+Limits are kept small (1 s of CPU, 128 MB, 4 processes) so the suite is quick and a fork bomb never
+gets far on a shared machine. Every program runs under both isolation mechanisms: Linux namespaces
+(when this machine permits them: root with CAP_SYS_ADMIN) and the audit-hook fallback.
+"""
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tether.rewards.sandbox import _UID_BASE, _UID_SLOTS, SandboxLimits, isolation_report, run_python
+
+SMALL = dict(cpu_s=1, wall_s=4, memory_mb=128, file_size_kb=64, output_bytes=10_000)
+NAMESPACES = isolation_report().get("network") == "namespace"
+MODES = [pytest.param(True, id="namespaces",
+                      marks=pytest.mark.skipif(not NAMESPACES, reason="namespaces not permitted here")),
+         pytest.param(False, id="fallback")]
+
+
+def run(code: str, namespaces: bool, **limits):
+    return run_python(code, limits=SandboxLimits(**{**SMALL, "namespaces": namespaces, **limits}))
+
+
+def sandbox_processes() -> list[int]:
+    """Pids of live processes owned by one of this test process's sandbox uids."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if _UID_BASE <= entry.stat().st_uid < _UID_BASE + _UID_SLOTS:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                pass
+    return pids
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_a_well_behaved_program_runs(namespaces):
+    result = run("import sys\nprint(sum(range(10)), sys.stdin.read())", namespaces, wall_s=10)
+    assert result.ok and result.stdout == "45 \n" and result.stderr == ""
+    result = run_python("print(input()[::-1])", limits={"namespaces": namespaces}, stdin="abc\n")
+    assert result.stdout == "cba\n"
+    failed = run("raise ValueError('boom')", namespaces)
+    assert failed.exit_code == 1 and failed.limit is None and failed.error == "ValueError: boom"
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_fork_bomb_is_contained(namespaces):
+    result = run("import os\nwhile True:\n    os.fork()\n", namespaces, processes=4)
+    assert result.limit == "processes" and not result.ok
+    assert sandbox_processes() == []  # nothing survives the run
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_infinite_loop_hits_the_cpu_limit_and_sleeping_the_wall_limit(namespaces):
+    assert run("while True: pass", namespaces, wall_s=30).limit == "cpu"  # 1 s of CPU, however busy the host
+    result = run("import time\ntime.sleep(60)", namespaces, wall_s=1)
+    assert result.limit == "wall" and result.duration_s < 5
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_allocating_10_gb_hits_the_memory_limit(namespaces):
+    result = run("x = bytearray(10 * 2**30)\nprint('allocated')", namespaces)
+    assert result.limit == "memory" and "allocated" not in result.stdout
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_writing_outside_its_directory_fails(namespaces, tmp_path):
+    targets = [tmp_path / "escape.txt", Path(f"/var/tmp/tether-escape-{uuid.uuid4().hex}"),
+               Path.cwd() / f"tether-escape-{uuid.uuid4().hex}"]
+    code = "import sys\nfor path in sys.argv[1:] or %r:\n" % [str(t) for t in targets] + (
+        "    try:\n        open(path, 'w').write('x')\n        print('wrote', path)\n"
+        "    except OSError as err:\n        print('refused', type(err).__name__)\n"
+        "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())")
+    try:
+        result = run(code, namespaces)
+        assert result.ok and "wrote" not in result.stdout and result.stdout.count("refused") == 3
+        assert result.stdout.endswith("ok\n")  # its own directory is writable
+        assert not any(t.exists() for t in targets)
+    finally:
+        for target in targets:
+            target.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_big_files_hit_the_file_size_limit(namespaces):
+    result = run("open('big', 'wb').write(b'x' * 2**20)", namespaces)
+    assert result.limit == "file_size"
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_the_parent_environment_is_unreadable(namespaces, monkeypatch):
+    secret = uuid.uuid4().hex
+    monkeypatch.setenv("TETHER_TEST_SECRET", secret)
+    code = (f"import os\nprint(dict(os.environ))\ntry:\n    print(open('/proc/{os.getpid()}/environ').read())\n"
+            "except OSError as err:\n    print('refused', type(err).__name__)")
+    result = run(code, namespaces)
+    assert secret not in result.stdout + result.stderr and "refused" in result.stdout
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_network_connections_fail(namespaces):
+    """A server listening on the host's loopback is unreachable from the sandbox."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        result = run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')",
+                     namespaces)
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no connection is waiting in the backlog
+            server.accept()
+    finally:
+        server.close()
+    assert "connected" not in result.stdout and result.exit_code != 0
+    assert ("Network is unreachable" if namespaces else "network access is disabled") in result.error
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_spawning_a_shell_is_refused_by_default(namespaces, monkeypatch):
+    monkeypatch.setenv("TETHER_TEST_SECRET", "hunter2")
+    code = "import subprocess\nprint(subprocess.run(['/bin/sh', '-c', 'echo $TETHER_TEST_SECRET; id -u'], " \
+           "capture_output=True, text=True).stdout)"
+    result = run(code, namespaces)
+    assert result.limit == "processes" and "hunter2" not in result.stdout
+
+
+@pytest.mark.skipif(not NAMESPACES, reason="namespaces not permitted here")
+def test_a_permitted_shell_runs_unprivileged_and_isolated(monkeypatch):
+    monkeypatch.setenv("TETHER_TEST_SECRET", "hunter2")
+    code = "import subprocess\nprint(subprocess.run(['/bin/sh', '-c', 'echo [$TETHER_TEST_SECRET]; id -u; ls /proc'], " \
+           "capture_output=True, text=True).stdout)"
+    result = run(code, True, processes=4)
+    lines = result.stdout.split()
+    assert result.ok and lines[0] == "[]" and _UID_BASE <= int(lines[1]) < _UID_BASE + _UID_SLOTS
+    assert str(os.getpid()) not in lines[2:]  # its own pid namespace: the host's processes are invisible
+    assert sandbox_processes() == []
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_printing_1_gb_hits_the_output_limit(namespaces):
+    result = run("import sys\nwhile True:\n    sys.stdout.write('x' * 1_000_000)", namespaces)
+    assert result.limit == "output" and len(result.stdout) <= SMALL["output_bytes"]
+    assert run("print('x' * 2**30)", namespaces).limit in ("memory", "output")
+
+
+def test_isolation_is_reported():
+    report = isolation_report()
+    assert set(report) == {"network", "filesystem", "processes", "user"}
+    fallback = isolation_report({"namespaces": False})
+    assert fallback["network"] == "audit-hook" and fallback["filesystem"] == "audit-hook"
+
+
+def test_concurrent_runs_do_not_interfere():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: run_python(f"print({i} * {i})", limits=SMALL), range(8)))
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]

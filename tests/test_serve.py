@@ -1,0 +1,128 @@
+"""`tether serve`: the OpenAI-compatible server, in a child process over real HTTP on a loopback port
+(and the app under uvicorn in a thread), with its limits, its API key, and a judge that reads it."""
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from tether.data import tokenize_prompts
+from tether.models import build_tiny, save_tiny
+from tether.rewards.judge import EndpointJudgeBackend, EngineJudgeBackend, PointwiseJudge
+from tether.rollout import HFEngine, OpenAIEngine, SamplingParams
+from tether.serve import BackgroundServer, ServerProcess, create_app
+
+KEY_ENV = "TETHER_TEST_SERVE_KEY"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`tether serve` of a saved tiny model in a child process, with an API key."""
+    path = save_tiny(tmp_path_factory.mktemp("model") / "tiny-judge")
+    os.environ[KEY_ENV] = "test-key"
+    server = ServerProcess(path, api_key_env=KEY_ENV, extra_args=["--threads", "1"]).start()
+    yield server, path
+    server.stop()
+    os.environ.pop(KEY_ENV, None)
+
+
+def call(url, body=None, key="test-key", raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_tether_serve_answers_like_the_local_engine(served):
+    server, _ = served
+    assert server.base_url.startswith("http://127.0.0.1:")
+    status, models = call(f"{server.base_url}/models")
+    assert status == 200 and models["data"][0]["id"] == "tiny-judge"
+    prompts = ["12+34=", "7+8="]
+    status, body = call(f"{server.base_url}/completions", {"model": "tiny-judge", "prompt": prompts, "max_tokens": 12,
+                                                           "temperature": 0})
+    assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1]
+    model, tokenizer = build_tiny()
+    torch.set_num_threads(1)
+    local = HFEngine(model, tokenizer).generate(tokenize_prompts(prompts, tokenizer),
+                                                SamplingParams(greedy=True, max_new_tokens=12))
+    assert [c["text"] for c in body["choices"]] == local.texts  # the same weights, the same greedy tokens
+    assert body["usage"]["completion_tokens"] == sum(len(c) for c in local.completion_ids)
+    sampled = {"model": "tiny-judge", "prompt": "1+1=", "n": 3, "max_tokens": 8, "seed": 5, "top_p": 0.9}
+    first, second = call(f"{server.base_url}/completions", sampled)[1], call(f"{server.base_url}/completions", sampled)[1]
+    assert len(first["choices"]) == 3 and first["choices"] == second["choices"]  # a seed reproduces
+    status, chat = call(f"{server.base_url}/chat/completions",
+                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0})
+    assert status == 200 and chat["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_tether_serve_refuses_bad_keys_big_bodies_and_bad_requests(served):
+    server, _ = served
+    assert call(f"{server.base_url}/models", key=None)[0] == 401
+    status, err = call(f"{server.base_url}/completions", {"prompt": "x"}, key="wrong")
+    assert status == 401 and "API key" in err["error"]["message"]
+    assert call(f"{server.base_url}/completions", raw=b"x" * (2 << 20))[0] == 413
+    status, err = call(f"{server.base_url}/completions", {"prompt": "x", "n": 0})
+    assert status == 400 and "n" in err["error"]["message"]
+    status, err = call(f"{server.base_url}/completions", {"prompt": "x", "max_tokens": 10_000})
+    assert status == 400 and "max_tokens" in err["error"]["message"]
+    status, err = call(f"{server.base_url}/completions", {"prompt": "x", "max_tokens": 600})
+    assert status == 400 and "context length" in err["error"]["message"]
+    assert call(f"{server.base_url}/completions", {"prompt": "x", "stream": True})[0] == 400
+
+
+def test_a_judge_over_tether_serve_equals_the_local_judge(served, tmp_path):
+    server, _ = served
+    prompts = [f"{a}+{b}=" for a, b in [(1, 2), (13, 27), (40, 5), (9, 9)]]
+    responses = ["<think>1+2=3 c0|</think>3", "<think>3+7=10 c1|1+2+1=4 c0|</think>40", "45", "hmm"]
+    engine = OpenAIEngine(server.base_url, "tiny-judge", api_key_env=KEY_ENV, cache_dir=tmp_path)
+    remote = PointwiseJudge(EndpointJudgeBackend(engine, max_new_tokens=2), template="compact-pointwise",
+                            scale=(0, 9))
+    model, tokenizer = build_tiny()
+    local = PointwiseJudge(EngineJudgeBackend(HFEngine(model, tokenizer), tokenizer, max_new_tokens=2),
+                           template="compact-pointwise", scale=(0, 9))
+    scores = remote.score(prompts, responses)
+    assert scores == local.score(prompts, responses)
+    remote_metrics, local_metrics = remote.take_metrics(), local.take_metrics()
+    assert remote_metrics == local_metrics and remote_metrics["judge/replies"] == 4
+    assert remote_metrics["judge/unparseable"] == sum(s is None for s in scores)
+    assert engine.stats["requests"] == 4
+
+
+class Scripted:
+    """An engine for the app: the reply to a prompt is ``script(prompt_text)``; ``n`` copies of it."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script = tokenizer, script
+
+    def generate(self, prompts, params):
+        from tether.rollout import Rollout
+
+        texts = [self.script(self.tokenizer.decode(p, skip_special_tokens=False)) for p in prompts
+                 for _ in range(params.n)]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        index = [i for i in range(len(prompts)) for _ in range(params.n)]
+        return Rollout([prompts[i] for i in index], ids, [[0.0] * len(c) for c in ids],
+                       ["stop"] * len(texts), index, texts)
+
+
+def test_app_strips_stop_strings_renders_chat_and_caps_n(tmp_path):
+    _, tokenizer = build_tiny()
+    app = create_app(engine=Scripted(tokenizer, lambda p: f"[{p}] answer\nmore"), tokenizer=tokenizer,
+                     model_name="scripted", max_n=4)
+    with BackgroundServer(app) as server:
+        status, body = call(f"{server.base_url}/completions", {"prompt": "q", "n": 2, "stop": "\n"}, key=None)
+        assert status == 200 and [c["text"] for c in body["choices"]] == ["[<s>q] answer"] * 2
+        status, body = call(f"{server.base_url}/chat/completions",
+                            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                             "stop": ["\n"]}, key=None)
+        assert body["choices"][0]["message"]["content"] == "[<s><|system|>s</s><|user|>u</s><|assistant|>] answer"
+        status, err = call(f"{server.base_url}/completions", {"prompt": "q", "n": 5}, key=None)
+        assert status == 400 and "limit of 4" in err["error"]["message"]

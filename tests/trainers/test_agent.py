@@ -1,0 +1,171 @@
+"""Agentic RL: observation tokens get exactly zero gradient, the reward rises, resume is exact, SFT masks tools."""
+
+import pytest
+import torch
+
+from tether.data import pack_sequences, tokenize_sft
+from tether.models import build_tiny
+from tether.trainers.agent import AgentConfig, AgentRLTrainer, demonstration_records, gigpo_token_advantages
+
+ENV = {"task": {"name": "multiplication", "options": {"digits": 2}, "n": 64}, "tools": ["calculator"],
+       "system_prompt": False, "max_observation_chars": 24}
+
+
+def generated_digits(prompts, completions, trajectory, **columns):
+    """A dense reward on the policy's own text: the fraction of generated characters that are digits."""
+    texts = ["".join(turn.text for turn in t.turns) for t in trajectory]
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in texts]
+
+
+def config(**overrides):
+    data = dict(name="agent", algorithm="grpo", environment=ENV,
+                agent={"max_turns": 3, "max_tokens": 120, "max_tokens_per_turn": 12},
+                rollout={"group_size": 4}, row_tokens=256, kl={"coef": 0.05},
+                train={"max_steps": 8, "batch_size": 4, "log_every": 1, "progress": False},
+                optim={"lr": 1e-2, "schedule": "constant"}, report_to=[])
+    data.update(overrides)
+    return AgentConfig(**data)
+
+
+def trainer(tmp_path, cfg, rewards=(generated_digits,)):
+    model, tokenizer = build_tiny("tiny", seed=0)
+    return AgentRLTrainer(cfg, model, tokenizer, tmp_path, reward_functions=list(rewards))
+
+
+@pytest.mark.parametrize("kl", [{"coef": 0.1, "estimator": "k3"}, {"coef": 0.1, "estimator": "k1", "in_reward": True}])
+def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl):
+    """One full training step (policy loss, KL, entropy bonus, two passes with old log-probs): the gradient
+    reaching the logits that score observation tokens is exactly zero; the policy's tokens get gradient."""
+    t = trainer(tmp_path, config(kl=kl, entropy_coef=0.01, num_iterations=2,
+                                 train={"max_steps": 1, "batch_size": 2, "progress": False}))
+    captured = []
+
+    def keep(module, inputs, output):
+        if torch.is_grad_enabled():
+            output.retain_grad()
+            captured.append(output)
+
+    t.model.lm_head.register_forward_hook(keep)
+    collect, loss = t.collect, t.loss
+    batches, row_orders = [], []
+    t.collect = lambda: batches.append(collect()) or batches[-1]
+    t.loss = lambda rollout, rows, *args: row_orders.append(rows.tolist()) or loss(rollout, rows, *args)
+    t.training_step()
+    rollout = batches[0][1]
+    assert len(captured) == len(row_orders) == 2 and sum(sum(m) < len(m) for m in rollout.action_masks) > 0
+    for logits, order in zip(captured, row_orders, strict=True):
+        packed = pack_sequences([rollout.prompt_ids[i] + rollout.completion_ids[i] for i in order],
+                                row_tokens=t.config.row_tokens, pad_token_id=t.tokenizer.pad_token_id)
+        grad = logits.grad
+        observed = generated = 0
+        for j, i in enumerate(order):
+            row, start = int(packed.rows[j]), int(packed.starts[j]) + len(rollout.prompt_ids[i])
+            for k, m in enumerate(rollout.action_masks[i]):
+                g = grad[row, start + k - 1]  # the logits that predict completion token k
+                if m == 0:
+                    assert torch.count_nonzero(g) == 0
+                    observed += 1
+                else:
+                    generated += int(torch.count_nonzero(g) > 0)
+        assert observed > 0 and generated > 0
+
+
+def test_agent_rl_raises_the_reward(tmp_path):
+    t = trainer(tmp_path, config(train={"max_steps": 6, "batch_size": 2, "progress": False}))
+    rewards = []
+    for _ in range(6):
+        metrics = t.training_step()
+        t.step += 1
+        rewards.append(float(metrics["reward/total/mean"]))
+        assert metrics["agent/observation_tokens"] > 0 and metrics["agent/turns"] >= 1
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
+
+
+def test_resume_reproduces_the_run(tmp_path):
+    cfg = config(train={"max_steps": 3, "batch_size": 2, "log_every": 1, "progress": False, "save_every": 2},
+                 rollout={"group_size": 2})
+    full = trainer(tmp_path / "a", cfg)
+    full.train()
+    resumed = trainer(tmp_path / "b", cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps": 2})}))
+    resumed.train()
+    again = trainer(tmp_path / "b", cfg)
+    again.train(resume=True)
+    for a, b in zip(full.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_gigpo_step_advantages_follow_anchor_states(tmp_path):
+    """Two episodes of one task share their first state (no observation yet); one stops after a turn
+    with reward 1, the other takes two turns and gets 1 too. With gamma 0.5 the first turns' returns are
+    1 and 0.5: step advantages +1 and -1 (normalised). The second episode's second turn is alone in its
+    state: 0."""
+    from tether.rollout.agent import Trajectory, Turn
+    from tether.trainers.agent import GiGPOConfig
+
+    short = Trajectory(task={}, group=0, prompt_ids=[1], token_ids=[5, 6, 7], action_mask=[1, 1, 1],
+                       turns=[Turn("a", "final")], turn_spans=[(0, 3)], state_keys=[""])
+    long = Trajectory(task={}, group=0, prompt_ids=[1], token_ids=[5, 6, 9, 9, 7], action_mask=[1, 1, 0, 0, 1],
+                      turns=[Turn("b", "tool"), Turn("c", "final")], turn_spans=[(0, 2), (4, 5)],
+                      state_keys=["", "obs"])
+    step = gigpo_token_advantages([short, long], torch.tensor([1.0, 1.0]), 2, 6, GiGPOConfig(gamma=0.5))
+    assert torch.allclose(step, torch.tensor([[1.0, 1, 1, 0, 0, 0], [-1, -1, 0, 0, 0, 0]]), atol=1e-4)
+
+
+def test_gigpo_adds_the_step_term_to_the_episode_advantage(tmp_path):
+    from tether.core.advantages import AdvantageInputs, compute_advantages
+
+    cfg = config(gigpo={"weight": 0.5, "gamma": 0.9}, train={"max_steps": 1, "batch_size": 2, "progress": False})
+    t = trainer(tmp_path, cfg)
+    _, rollout, rewards, _ = t.collect()
+    mask = rollout.to_padded(0)["completion_mask"].float()
+    inputs = AdvantageInputs(rewards=rewards, mask=mask, group_size=4)
+    step = gigpo_token_advantages(rollout.trajectories, rewards, 4, mask.shape[1], cfg.gigpo)
+    assert step.abs().sum() > 0
+    assert torch.allclose(t.advantages(rollout, inputs).advantages,
+                          compute_advantages("grpo", inputs).advantages + 0.5 * step * mask)
+
+
+def test_sft_demonstrations_mask_the_observations():
+    tokenizer = build_tiny()[1]
+    env = {**ENV, "tools": ["calculator", "python"], "task": {"name": "multiplication", "n": 8}}
+    from tether.rollout.environment import EnvironmentConfig
+
+    for record in demonstration_records(EnvironmentConfig(**env), tokenizer):
+        example = tokenize_sft(record, tokenizer, max_length=512)
+        tool = next(m["content"] for m in record["messages"] if m["role"] == "tool")
+        text = tokenizer.decode(example.input_ids)
+        start = text.index("<|tool|>")
+        # character tokenizer: one token per character after the special tokens
+        ids, labels = example.input_ids, example.labels
+        tool_at = ids.index(tokenizer.convert_tokens_to_ids("<|tool|>"))
+        assert all(label == -100 for label in labels[tool_at: tool_at + 1 + len(tool) + 2])
+        trained = tokenizer.decode([i for i, label in zip(ids, labels, strict=True) if label != -100])
+        assert tool not in trained.split("</s>")[0] and trained.endswith("</s>") and start > 0
+        assert trained.count("Action:") == 2
+
+
+def test_agent_config_rejects_what_it_cannot_do():
+    with pytest.raises(ValueError, match="remax"):
+        AgentConfig(algorithm="remax")
+    assert AgentConfig().rewards[0].name == "trajectory"
+
+
+@pytest.mark.slow
+def test_agent_arithmetic_recipe_raises_held_out_success(tmp_path):
+    from tether import stages  # noqa: F401
+    from tether.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+
+    recipe = apply_recipe_overrides(load_recipe("agent-arithmetic"), ["*.train.threads=1", "*.train.progress=false"])
+    results = run_recipe(recipe, tmp_path, report=False)
+    assert results["grpo"]["success"] > results["sft"]["success"], results
+
+
+@pytest.mark.slow
+def test_code_tests_recipe_runs_end_to_end(tmp_path):
+    from tether import stages  # noqa: F401
+    from tether.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+
+    recipe = apply_recipe_overrides(load_recipe("code-tests"), ["*.train.threads=1", "*.train.progress=false"])
+    results = run_recipe(recipe, tmp_path, report=False)
+    for stage in ("sft", "grpo"):
+        assert 0.0 <= results[stage]["success"] <= 1.0 and results[stage]["finish/answer"] > 0.5, results
