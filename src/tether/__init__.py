@@ -47,6 +47,7 @@ _EXPORTS = {
     "DPOConfig": "tether.trainers.preference",
     "PreferenceTrainer": "tether.trainers.preference",
     "train_dpo": "tether.trainers.preference",
+    "write_report": "tether.report",
     "RewardModelScorer": "tether.rewards.scorer",
     "load_reward_model": "tether.models.reward_model",
     "OnlineDPOConfig": "tether.trainers.online_preference",

@@ -18,8 +18,8 @@ from tether.trainers.checkpoint import FAULT_DELAY_ENV, list_checkpoints, verify
 
 CONFIG = """\
 model: {name_or_path: tether/tiny}
-data: {task: {name: arithmetic, options: {digits: 2}, n: 32}, pack_length: 128}
-train: {max_steps: 8, batch_size: 8, save_every: 1, log_every: 1, threads: 1, progress: false}
+data: {task: {name: arithmetic, options: {digits: 2}, n: 24}, pack_length: 128}
+train: {max_steps: 6, batch_size: 8, save_every: 1, log_every: 1, threads: 1, progress: false}
 optim: {lr: 3.0e-3, schedule: constant}
 report_to: []
 """
@@ -89,7 +89,7 @@ def test_a_signal_to_the_cli_checkpoints_and_prints_the_resume_command(tmp_path,
     assert saved and all(verify_checkpoint(p) for p in saved)
     assert not any(p.name.endswith(".tmp") for p in checkpoints.iterdir())
     step = int(saved[-1].name.split("-")[1])
-    assert 2 <= step < 8 and f"after step {step} of 8" in output  # the checkpoint holds the last finished step
+    assert 2 <= step < 6 and f"after step {step} of 6" in output  # the checkpoint holds the last finished step
     line = next(li for li in output.splitlines() if li.startswith("resume with: "))
     command = shlex.split(line.removeprefix("resume with: "))
     assert command == ["tether", "sft", "--config", str(config), "--out", str(out), "--resume"]

@@ -76,7 +76,7 @@ def test_the_chain_runs_on_a_local_tiny_model_judge():
 
 
 def test_rule_judge_revisions_depend_on_the_sampled_principle():
-    records, figures = critique_and_revise(rule_judge, "default", PROMPTS * 4, ANSWERS * 4, rounds=1, seed=5)
+    records, _ = critique_and_revise(rule_judge, "default", PROMPTS * 4, ANSWERS * 4, rounds=1, seed=5)
     for r in records:
         principle = r["chain"][0]["principle"]
         if r["initial"] == "dog cat":  # a harmless request answered right: nothing to fix under any principle

@@ -182,3 +182,13 @@ def test_length_reward():
     ]
     with pytest.raises(ValueError, match="unit"):
         length_reward([""], ["x"], target=1, unit="tokens")
+
+
+def test_worked_solution_checks_every_step_not_only_the_answer():
+    from tether.rewards.verifiers import worked_solution_reward
+
+    right = "<think>7+5=12 c1|4+8+1=13 c1|</think>132"
+    lucky = "<think>7+5=11 c1|4+8+1=13 c1|</think>132"  # a wrong column sum, the right answer anyway
+    scores = worked_solution_reward(["47+85=", "47+85=", "47+85=", "what?"], [right, lucky, " " + right + "\n", right])
+    assert scores == [1.0, 0.0, 1.0, None]
+    assert task_reward(["47+85="], [lucky], answer=["132"]) == [1.0]  # the answer-only checker is fooled

@@ -3,8 +3,8 @@ helpful-only answer both ways, and the rule-based judge answers every built-in j
 
 import itertools
 
-from tether.rewards.judge import load_template, render_template
 from tether.rewards.constitution import fill, load_constitution
+from tether.rewards.judge import load_template, render_template
 from tether.tasks import eval_records, get_task, sft_records
 from tether.tasks.secret import (
     ATTACKS,

@@ -96,3 +96,21 @@ def test_d_rlaif_trains_grpo_on_the_judge_score(tmp_path):
     means = [r["reward/judge/mean"] for r in rows if "reward/judge/mean" in r]
     assert len(means) == 2 and all(-1.0 <= m <= 1.0 for m in means)
     assert REFUSAL  # the judge's ideal reply to a red-team prompt
+
+
+@pytest.mark.slow
+def test_cai_recipe_lowers_the_violation_rate_at_each_step(tmp_path):
+    from tether.pipeline import load_recipe, run_recipe
+
+    results = run_recipe(load_recipe("cai"), tmp_path, report=False)
+    sft, sl_cai, rlaif = (results[s]["violation_rate"] for s in ("sft", "sl_cai", "rlaif"))
+    assert sft > sl_cai > rlaif, (sft, sl_cai, rlaif)
+    assert results["ai_labels"]["audit/label_agreement"] > 0.9
+
+
+@pytest.mark.slow
+def test_d_rlaif_recipe_lowers_the_violation_rate(tmp_path):
+    from tether.pipeline import load_recipe, run_recipe
+
+    results = run_recipe(load_recipe("d-rlaif"), tmp_path, report=False)
+    assert results["grpo"]["violation_rate"] < results["sft"]["violation_rate"]

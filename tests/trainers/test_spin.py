@@ -78,3 +78,12 @@ def test_spin_rejects_what_it_does_not_use():
     with pytest.raises(ValueError, match="spin takes no scorer"):
         config(scorer={"type": "rewards"})
     assert config().reference == "round" and config().rollout.samples == 1
+
+
+@pytest.mark.slow
+def test_spin_recipe_beats_the_sft_model_after_two_iterations(tmp_path):
+    from tether.pipeline import load_recipe, run_recipe
+
+    results = run_recipe(load_recipe("spin-arithmetic"), tmp_path, report=False)
+    assert results["spin"]["round_2/accuracy"] > results["sft"]["accuracy"]
+    assert results["spin"]["before/accuracy"] == results["sft"]["accuracy"]

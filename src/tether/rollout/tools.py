@@ -147,6 +147,7 @@ TOOLS: Registry[Callable[..., Tool]] = Registry("tool")
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_ARITHMETIC = re.compile(r"[0-9.+\-*/%()^×\s]*")
 
 
 def _evaluate(node: ast.AST, max_digits: int) -> Fraction:
@@ -174,6 +175,8 @@ def calculate(expression: str, *, max_digits: int = 100) -> str:
     """Exact arithmetic on an expression string; integers print as integers, fractions as decimals."""
     if len(expression) > 500:
         raise ValueError("expression too long")
+    if not _ARITHMETIC.fullmatch(expression):  # before ast.parse, which warns about e.g. "12ab"
+        raise ValueError(f"only numbers, + - * / // % ** and parentheses are allowed: {expression!r}")
     try:
         tree = ast.parse(expression.strip().replace("^", "**").replace("×", "*"), mode="eval")
     except SyntaxError as err:

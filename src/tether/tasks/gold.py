@@ -94,16 +94,21 @@ def noisy_demonstrations(task: Task, n: int, *, noise: float, error: str = "answ
 def gold_comparisons(task: Task, n: int, *, errors: Mapping[str, float], seed: int = 0, split: str = "train"
                      ) -> list[dict]:
     """``n`` pairs ``{prompt, chosen, rejected, error, gold_chosen, gold_rejected}`` on distinct problems of
-    ``split``: the correct completion against one with an error of a kind drawn by the ``errors`` weights,
-    chosen and rejected ordered by the gold reward."""
+    ``split``: the correct completion against one with an error of a kind drawn by the ``errors`` weights
+    (a problem where the drawn kind does not apply, no carry to drop, is skipped), chosen and rejected
+    ordered by the gold reward."""
     kinds, weights = list(errors), list(errors.values())
     if not kinds or any(k not in ("answer", "dropped_carry") for k in kinds) or min(weights) < 0 or not sum(weights):
         raise ValueError(f"errors must weigh 'answer' and / or 'dropped_carry' (>= 0, not all 0), got {dict(errors)}")
     rng = random.Random(f"gold-comparisons:{split}:{seed}")
     pairs = []
-    for problem in draw_problems(task, n, seed=seed, split=split):
+    for problem in draw_problems(task, n * 4, seed=seed, split=split):
+        if len(pairs) == n:
+            break
         kind = rng.choices(kinds, weights)[0]
         steps, _, used = wrong_addition(*_operands(problem.prompt), rng, [kind])
+        if used != kind:  # no carry to drop in this problem
+            continue
         a, b = format_completion(problem, think=True), _completion(steps)
         ga, gb = gold_score(problem.prompt, a), gold_score(problem.prompt, b)
         chosen, rejected = (a, b) if ga >= gb else (b, a)

@@ -58,10 +58,13 @@ class GiGPOConfig(StrictModel):
 
 
 class AgentEvalConfig(StrictModel):
-    """Held-out episodes of the environment's task, greedy; ``before`` also evaluates before training."""
+    """Held-out episodes of the environment's task, greedy; ``samples`` > 0 adds that many sampled episodes
+    per task (``sampled/success`` etc.); ``before`` also evaluates before training."""
 
     n: int = Field(200, ge=1)
     seed: int = 0
+    samples: int = Field(0, ge=0)
+    temperature: float = Field(1.0, gt=0)
     before: bool = False
     batch_size: int | None = Field(None, ge=1)
 
@@ -78,14 +81,19 @@ def _env_renderer(env: EnvironmentConfig, tokenizer: Any) -> tuple[Any, ChatRend
 @torch.no_grad()
 def evaluate_agent(model: torch.nn.Module, tokenizer: Any, env: EnvironmentConfig, loop: AgentLoopConfig,
                    eval_cfg: AgentEvalConfig | None = None) -> dict[str, float]:
-    """Greedy episodes on held-out tasks: ``success`` rate, mean verifier ``score`` and the loop metrics."""
+    """Greedy episodes on held-out tasks: ``success`` rate, mean verifier ``score`` and the loop metrics
+    (and the same for sampled episodes, prefixed ``sampled/``, when ``eval_cfg.samples`` > 0)."""
     eval_cfg = eval_cfg or AgentEvalConfig()
     make_env, renderer = _env_renderer(env, tokenizer)
     engine = HFEngine(model, tokenizer, batch_size=eval_cfg.batch_size)
     records = environment_records(env, split="eval", n=eval_cfg.n, seed=eval_cfg.seed)
-    trajectories = AgentLoop(engine, tokenizer, make_env, renderer, loop).run(
-        records, SamplingParams(n=1, greedy=True))
-    return trajectory_metrics(trajectories, loop.success_threshold)
+    agent = AgentLoop(engine, tokenizer, make_env, renderer, loop)
+    results = trajectory_metrics(agent.run(records, SamplingParams(n=1, greedy=True)), loop.success_threshold)
+    if eval_cfg.samples:
+        sampled = agent.run(records, SamplingParams(n=eval_cfg.samples, temperature=eval_cfg.temperature,
+                                                    seed=eval_cfg.seed))
+        results.update({f"sampled/{k}": v for k, v in trajectory_metrics(sampled, loop.success_threshold).items()})
+    return results
 
 
 # ---------------------------------------------------------------------------------------- SFT warm-up

@@ -114,6 +114,9 @@ class AILabelsConfig(StageConfig):
     def _pairwise(self) -> AILabelsConfig:
         if self.judge.kind != "pairwise":
             raise ValueError("ai_labels compares two responses: judge.kind must be 'pairwise'")
+        if self.sampling.temperature == 0:
+            raise ValueError("ai_labels samples two responses per prompt: sampling.temperature must be > 0 "
+                             "(two greedy responses are the same)")
         return self
 
 
