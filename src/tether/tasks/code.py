@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tether.tasks.base import TASKS, Problem
 
-# family -> (prompt text, solution body, probe inputs); {k} is the problem's constant.
-FAMILIES: dict[str, tuple[str, str, tuple]] = {
-    "add": ("returns x plus {k}", "x + {k}", (0, 3, -5, 12)),
-    "sub": ("returns x minus {k}", "x - {k}", (0, 4, 20, -1)),
-    "mul": ("returns x times {k}", "x * {k}", (0, 1, 7, -3)),
-    "mod": ("returns x modulo {k}", "x % {k}", (5, 17, 100, 31)),
-    "gt": ("returns whether x is greater than {k}", "x > {k}", (0, 50, 99, -7)),
-    "eq": ("returns whether x equals {k}", "x == {k}", (0, 1, 9, 42)),
+# family -> (prompt text, solution body, reference function, probe inputs around the constant k), so a
+# program with the wrong constant fails at least one probe.
+FAMILIES: dict[str, tuple[str, str, Callable[[int, int], object], Callable[[int], tuple[int, ...]]]] = {
+    "add": ("returns x plus {k}", "x + {k}", lambda x, k: x + k, lambda k: (0, 3, -5, k)),
+    "sub": ("returns x minus {k}", "x - {k}", lambda x, k: x - k, lambda k: (0, 4, k, -1)),
+    "mul": ("returns x times {k}", "x * {k}", lambda x, k: x * k, lambda k: (0, 1, 7, -3)),
+    "mod": ("returns x modulo {k}", "x % {k}", lambda x, k: x % k, lambda k: (k - 1, k, k + 3, 2 * k + 1)),
+    "gt": ("returns whether x is greater than {k}", "x > {k}", lambda x, k: x > k, lambda k: (k - 1, k, k + 1, 0)),
+    "eq": ("returns whether x equals {k}", "x == {k}", lambda x, k: x == k, lambda k: (k, k + 1, k - 1, 0)),
 }
 
 
@@ -48,10 +50,9 @@ class CodeTask:
     def sample(self, rng: random.Random) -> CodeProblem:
         family = rng.choice(self.families)
         k = rng.randint(1, self.max_constant)
-        text, body, probes = FAMILIES[family]
-        body = body.format(k=k)
-        solution = f"def f(x):\n    return {body}"
-        tests = [f"assert f({x}) == {eval(body, {'x': x})!r}" for x in probes]
+        text, body, reference, probes = FAMILIES[family]
+        solution = f"def f(x):\n    return {body.format(k=k)}"
+        tests = [f"assert f({x}) == {reference(x, k)!r}" for x in probes(k)]
         return CodeProblem(prompt=f"Write f(x) that {text.format(k=k)}.", answer=json.dumps(tests),
                            reasoning="", solution=solution)
 
