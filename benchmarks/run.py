@@ -160,6 +160,10 @@ def mfu_rows(rows: list[dict], model_dirs: dict[str, Path], peak: float) -> dict
     return out
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def markdown(rows: list[dict], mfu: dict | None, meta: dict) -> str:
     lines = [f"tether {meta['tether']} vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
              f"{meta['threads']} thread(s), float32, {meta['date']}; median of {meta['runs']} alternating runs "
@@ -171,9 +175,9 @@ def markdown(rows: list[dict], mfu: dict | None, meta: dict) -> str:
         same = "-" if t is None else (f"{'yes' if t['ok'] else 'NO'} ({t['tether_mean']:.3f} vs "
                                       f"{t['trl_mean']:.3f}, {t['tolerance']})")
         base = "" if r["baseline"] == "trl" else f" ({r['baseline']})"
-        lines.append(f"| {r['workload']} | {r['model']} | {r['metric']} | {r['tether']:,.0f} "
-                     f"({r['tether_min']:,.0f}-{r['tether_max']:,.0f}) | {r['trl']:,.0f} "
-                     f"({r['trl_min']:,.0f}-{r['trl_max']:,.0f}){base} | **{r['ratio']:.2f}x** | {same} |")
+        lines.append(f"| {r['workload']} | {r['model']} | {r['metric']} | {_num(r['tether'])} "
+                     f"({_num(r['tether_min'])}-{_num(r['tether_max'])}) | {_num(r['trl'])} "
+                     f"({_num(r['trl_min'])}-{_num(r['trl_max'])}){base} | **{r['ratio']:.2f}x** | {same} |")
     if mfu:
         lines += ["", f"MFU, SFT on the small model: tether {mfu['tether_mfu']:.1%} "
                       f"({mfu['tether_gflops']:.1f} GFLOP/s), TRL {mfu['trl_mfu']:.1%} "
