@@ -112,3 +112,20 @@ def test_grpo_command_takes_a_preset_override(tmp_path):
     assert resolved["algorithm"] == "rloo"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("reward/total/mean" in r for r in rows)
+
+
+def test_ppo_command_runs_one_stage_with_overrides(tmp_path):
+    config = tmp_path / "ppo.yaml"
+    config.write_text("model: {name_or_path: tether/tiny}\n"
+                      "data: {task: {name: arithmetic, n: 8}}\n"
+                      "rollout: {max_new_tokens: 4}\n"
+                      "rewards: [{name: length, kwargs: {target: 2}}]\n"
+                      "critic: {init: policy}\n"
+                      "train: {max_steps: 1, batch_size: 2}\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["ppo", "--config", str(config), "--out", str(out), "kl.controller=adaptive",
+                                 "ppo_epochs=1"])
+    assert result.exit_code == 0, result.output
+    assert (out / "ppo" / "stage.json").exists() and (out / "ppo" / "value" / "model.safetensors").exists()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"kl_coef", "value/loss", "value/explained_variance", "reward/proxy", "kl"} <= set(rows[-1])

@@ -2,6 +2,7 @@
 (one PPO run per beta, figures per beta, the plot) on the random tiny model."""
 
 import json
+import math
 
 import pytest
 
@@ -23,9 +24,12 @@ def test_sweep_runs_ppo_per_beta_and_plots_gold_and_proxy_against_kl(tmp_path):
            "gold": {"name": "tether.tasks.gold:gold_reward"}, "critic": {"init": "policy"}, "ppo_epochs": 1,
            "row_tokens": 32, "train": {"max_steps": 1, "batch_size": 2, "progress": False, "log_every": 1},
            "eval": {"n": 2, "max_new_tokens": 6}, "report_to": []}
-    recipe = {"name": "sweep", "stages": [{"name": "over", "type": "overoptimization", "betas": [0.5, 0.0], **ppo}]}
+    recipe = {"name": "sweep", "stages": [{"name": "over", "type": "overoptimization", "betas": [0.5, 0.0],
+                                           "best_of_n": [1, 3], **ppo}]}
     results = run_recipe(recipe, tmp_path, report=False)["over"]
     assert {"beta=0.5/gold", "beta=0/proxy", "beta=0/kl", "start/gold", "peak_beta"} <= set(results)
+    assert results["bon/n=1/kl"] == 0.0 and results["bon/n=3/kl"] == pytest.approx(math.log(3) - 2 / 3)
+    assert results["bon/n=3/proxy"] >= results["bon/n=1/proxy"]  # the best of 3 by the proxy, on the same samples
     assert (tmp_path / "overoptimization.png").stat().st_size > 1000
     assert (tmp_path / "over-beta0.5" / "stage.json").exists() and (tmp_path / "over" / "stage.json").exists()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -41,5 +45,7 @@ def test_plot_marks_every_beta_and_the_start(tmp_path):
     results = {"start/gold": 0.5, "start/proxy": 0.0}
     for beta, kl, gold, proxy in ((0.3, 1.0, 0.6, 1.0), (0.1, 3.0, 0.65, 2.0), (0.0, 9.0, 0.3, 3.0)):
         results.update({f"beta={beta:g}/kl": kl, f"beta={beta:g}/gold": gold, f"beta={beta:g}/proxy": proxy})
-    path = plot_overoptimization(results, [0.3, 0.1, 0.0], tmp_path / "plot.png")
+    for n, kl, gold, proxy in ((1, 0.0, 0.5, 0.0), (4, 0.64, 0.55, 1.5)):
+        results.update({f"bon/n={n}/kl": kl, f"bon/n={n}/gold": gold, f"bon/n={n}/proxy": proxy})
+    path = plot_overoptimization(results, [0.3, 0.1, 0.0], [1, 4], tmp_path / "plot.png")
     assert path.read_bytes()[:4] == b"\x89PNG"

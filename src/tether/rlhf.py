@@ -22,14 +22,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from tether.config import StageConfig, StrictModel
+from tether.data import tokenize_prompts
+from tether.models.loading import resolve_model
 from tether.pipeline import register_stage
-from tether.tasks import get_task
+from tether.rewards import RewardComposer, RewardSpec
+from tether.rollout import HFEngine, SamplingParams
+from tether.tasks import eval_records, get_task
 from tether.tasks.gold import gold_comparisons, noisy_demonstrations
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.metrics import read_metrics
@@ -56,7 +62,7 @@ class GoldDataConfig(StageConfig):
     noise_error: Literal["answer", "dropped_carry"] = Field("dropped_carry", description="the slip")
     pairs_n: int = Field(6000, ge=1, description="comparisons (train split)")
     eval_pairs_n: int = Field(200, ge=0, description="held-out comparisons (eval split)")
-    errors: dict[Literal["answer", "dropped_carry"], float] = Field(
+    errors: dict[Literal["answer", "dropped_carry", "spurious_carry"], float] = Field(
         default_factory=lambda: {"answer": 1.0, "dropped_carry": 1.0},
         description="weights of the error kinds in the rejected completions")
     seed: int = 0
@@ -96,17 +102,19 @@ def run_gold_data(cfg: GoldDataConfig, run_dir: Path, resume: bool) -> dict[str,
 
 
 class OverOptimizationConfig(PPOConfig):
-    """A PPO stage run once per KL coefficient in ``betas`` (everything else shared)."""
+    """A PPO stage run once per KL coefficient in ``betas`` (everything else shared), and best-of-n."""
 
     type: Literal["overoptimization"] = "overoptimization"
     betas: list[float] = Field(default_factory=lambda: [0.3, 0.1, 0.03, 0.0], min_length=1)
+    best_of_n: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32],
+                                 description="n values of the best-of-n curve from the starting model ([] = off)")
 
     @model_validator(mode="after")
     def _measurable(self) -> OverOptimizationConfig:
         if self.eval is None or self.gold is None:
             raise ValueError("an over-optimisation sweep needs 'eval' (held-out prompts) and 'gold' (the true reward)")
-        if any(b < 0 for b in self.betas):
-            raise ValueError(f"betas must be >= 0, got {self.betas}")
+        if any(b < 0 for b in self.betas) or any(n < 1 for n in self.best_of_n):
+            raise ValueError(f"betas must be >= 0 and best_of_n >= 1, got {self.betas}, {self.best_of_n}")
         return self
 
 
@@ -116,18 +124,55 @@ def run_name(cfg: OverOptimizationConfig, beta: float) -> str:
 
 def ppo_config(cfg: OverOptimizationConfig, beta: float, *, first: bool) -> PPOConfig:
     """The PPO stage of one beta; the first run also evaluates the starting (SFT) policy."""
-    data = cfg.model_dump(exclude={"betas", "type", "name"})
+    data = cfg.model_dump(exclude={"betas", "best_of_n", "type", "name"})
     data["kl"].update(coef=beta, controller="fixed")
     data["eval"]["before"] = first
     return PPOConfig.model_validate({**data, "type": "ppo", "name": run_name(cfg, beta)})
 
 
+def _composer(specs: list[Any]) -> RewardComposer:
+    return RewardComposer([RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in specs])
+
+
+@torch.no_grad()
+def best_of_n(cfg: OverOptimizationConfig) -> dict[str, float]:
+    """Best-of-n from the starting model on the held-out prompts: for each n, the gold and proxy reward
+    of the completion the proxy ranks first among n, and KL = log n - (n - 1) / n.
+
+    Stiennon et al. 2020, appendix G.3 and Gao et al. 2022, eq. 1, for the KL (an upper bound, Beirami
+    et al. 2024). ``max(n)`` samples are drawn per prompt once and cut into disjoint blocks of n, so
+    every n uses them all; ties go to the earlier sample.
+    """
+    model, tokenizer = resolve_model(None, None, cfg.model)
+    task = get_task(cfg.eval.task, **cfg.eval.options)
+    records = eval_records(task, cfg.eval.n, seed=cfg.eval.seed)
+    prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in records]
+    size = max(cfg.best_of_n)
+    rollout = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size).generate(
+        tokenize_prompts(prompts, tokenizer, chat=cfg.data.chat),
+        SamplingParams(n=size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                       top_k=cfg.rollout.top_k, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed))
+    prompt_of = [prompts[i] for i in rollout.prompt_index]
+    columns = {k: [records[i].get(k) for i in rollout.prompt_index] for k in records[0] if k != "prompt"}
+    proxy = _composer(cfg.rewards).score(prompt_of, rollout.texts, columns).total.nan_to_num(float("-inf"))
+    gold = _composer([cfg.gold]).score(prompt_of, rollout.texts, columns).total
+    results = {}
+    for n in sorted(set(cfg.best_of_n)):
+        starts = torch.arange(len(records))[:, None] * size + torch.arange(size // n)[None, :] * n
+        blocks = starts.reshape(-1, 1) + torch.arange(n)[None, :]  # a prompt's samples are contiguous
+        best = blocks.gather(1, proxy[blocks].argmax(1, keepdim=True)).squeeze(1)
+        results.update({f"bon/n={n}/gold": float(gold[best].nanmean()),
+                        f"bon/n={n}/proxy": float(proxy[best].mean()),
+                        f"bon/n={n}/kl": math.log(n) - (n - 1) / n})
+    return results
+
+
 def sweep(cfg: OverOptimizationConfig, run_dir: str | Path, *, resume: bool = True) -> dict[str, float]:
-    """One PPO run per beta (a finished run is read back, not redone); writes the plot; returns the figures."""
+    """Best-of-n, then one PPO run per beta (a finished run is read back, not redone); writes the plot."""
     from tether.stages import train_ppo
 
     run_dir = Path(run_dir)
-    results: dict[str, float] = {}
+    results: dict[str, float] = best_of_n(cfg) if cfg.best_of_n else {}
     for i, beta in enumerate(cfg.betas):
         done = ckpt.read_done(run_dir / run_name(cfg, beta))
         figures = done["results"] if done else train_ppo(ppo_config(cfg, beta, first=i == 0), out=run_dir,
@@ -140,43 +185,53 @@ def sweep(cfg: OverOptimizationConfig, run_dir: str | Path, *, resume: bool = Tr
     golds = {b: results[f"beta={b:g}/gold"] for b in cfg.betas}
     best = max(golds, key=golds.get)
     results.update({"peak_beta": best, "peak_gold": golds[best], "peak_kl": results[f"beta={best:g}/kl"]})
-    plot_overoptimization(results, cfg.betas, run_dir / PLOT_FILE,
-                          trajectories={b: read_metrics(run_dir, run_name(cfg, b)) for b in cfg.betas})
+    plot_overoptimization(results, cfg.betas, sorted(set(cfg.best_of_n)), run_dir / PLOT_FILE,
+                          trajectories=[read_metrics(run_dir, run_name(cfg, b)) for b in cfg.betas])
     return results
 
 
-def plot_overoptimization(results: dict[str, float], betas: list[float], path: Path,
-                          trajectories: dict[float, list[dict]] | None = None) -> Path:
-    """Gold (left axis) and proxy (right axis) reward against KL: one point per beta, the start at KL 0."""
+def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str,
+           trajectories: list[list[dict]] = ()) -> None:
+    """Gold (left axis) and proxy (right axis) against KL, each point labelled; faint training paths."""
+    right = ax.twinx()
+    for rows in trajectories:
+        steps = [r for r in rows if r.get("kl/sequence") is not None and r.get("reward/gold") is not None]
+        kl = [r["kl/sequence"] for r in steps]
+        ax.plot(kl, [r["reward/gold"] for r in steps], color="tab:green", alpha=0.15, lw=1)
+        right.plot(kl, [r["reward/proxy"] for r in steps], color="tab:blue", alpha=0.15, lw=1)
+    kl, gold, proxy, labels = zip(*sorted(points), strict=True)
+    ax.plot(kl, gold, "o-", color="tab:green", label="gold reward")
+    right.plot(kl, proxy, "s--", color="tab:blue", label="proxy (reward model)")
+    for x, y, label in zip(kl, gold, labels, strict=True):
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(3, 5), fontsize=7)
+    ax.set_xlabel("KL(π ‖ π_SFT) per completion, nats")
+    ax.set_ylabel("gold reward", color="tab:green")
+    right.set_ylabel("proxy reward (RM score)", color="tab:blue")
+    ax.set_title(title, fontsize=10)
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower left", fontsize=7)
+
+
+def plot_overoptimization(results: dict[str, float], betas: list[float], ns: list[int], path: Path,
+                          trajectories: list[list[dict]] = ()) -> Path:
+    """PPO (one point per beta, held-out figures; the SFT model at KL 0) and, when ``ns``, best-of-n."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = sorted((results[f"beta={b:g}/kl"], results[f"beta={b:g}/gold"], results[f"beta={b:g}/proxy"], b)
-                    for b in betas)
+    ppo = [(results[f"beta={b:g}/kl"], results[f"beta={b:g}/gold"], results[f"beta={b:g}/proxy"], f"β={b:g}")
+           for b in betas]
     if "start/gold" in results:
-        points.insert(0, (0.0, results["start/gold"], results["start/proxy"], None))
-    kl, gold, proxy, labels = zip(*points, strict=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    right = ax.twinx()
-    for rows in (trajectories or {}).values():
-        steps = [r for r in rows if r.get("kl/sequence") is not None and r.get("reward/gold") is not None]
-        if steps:
-            ax.plot([r["kl/sequence"] for r in steps], [r["reward/gold"] for r in steps], color="tab:green",
-                    alpha=0.15, lw=1)
-            right.plot([r["kl/sequence"] for r in steps], [r["reward/proxy"] for r in steps], color="tab:blue",
-                       alpha=0.15, lw=1)
-    ax.plot(kl, gold, "o-", color="tab:green", label="gold reward")
-    right.plot(kl, proxy, "s--", color="tab:blue", label="proxy (reward model)")
-    for x, y, b in zip(kl, gold, labels, strict=True):
-        ax.annotate("SFT" if b is None else f"β={b:g}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
-    ax.set_xlabel("KL(π ‖ π_SFT) per completion, nats (held-out samples)")
-    ax.set_ylabel("gold reward", color="tab:green")
-    right.set_ylabel("proxy reward (RM score)", color="tab:blue")
-    ax.set_title("Reward over-optimisation: PPO against a learned reward model")
-    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="lower right", fontsize=8)
+        ppo.append((0.0, results["start/gold"], results["start/proxy"], "SFT"))
+    fig, axes = plt.subplots(1, 2 if ns else 1, figsize=(12 if ns else 6.5, 4.3), dpi=100, squeeze=False)
+    _panel(axes[0, 0], ppo, "PPO against the reward model, one run per KL coefficient β", trajectories)
+    if ns:
+        bon = [(results[f"bon/n={n}/kl"], results[f"bon/n={n}/gold"], results[f"bon/n={n}/proxy"], f"n={n}")
+               for n in ns]
+        _panel(axes[0, 1], bon, "best-of-n from the SFT model, ranked by the reward model")
+    fig.suptitle("Reward over-optimisation (Gao, Schulman and Hilton 2022): the proxy keeps rising, gold does not",
+                 fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

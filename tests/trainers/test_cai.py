@@ -41,6 +41,7 @@ def test_sl_cai_keeps_the_chain_and_fine_tunes_on_the_revisions(tmp_path, script
         if helpful_answer(request) is None:
             confidential = "confidential" in [step["principle"] for step in c["chain"]]
             assert (c["revision"] == REFUSAL) == confidential and reveals(c["initial"], secret)
+    assert any(c["revision"] == REFUSAL for c in corpus) and results["chain/revised"] > 0
     assert "violation_rate" in results and results["chain/examples"] == 12
     done = json.loads((tmp_path / "sl_cai/stage.json").read_text())
     assert done["type"] == "sl_cai" and done["results"]["chain/rounds"] == 2
@@ -83,6 +84,27 @@ def test_ai_labels_need_a_pairwise_judge_and_rlaif_checks_its_trainer():
     assert dpo.inner().type == "online_dpo" and dpo.inner().scorer.path == "runs/capm"
     with pytest.raises(ValueError, match="bogus"):
         RLAIFConfig(preference_model="runs/capm", ppo={"bogus": 1})
+
+
+def test_another_constitution_for_a_whole_recipe(tmp_path):
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+    from tether.pipeline import load_recipe
+    from tether.trainers.cai import with_constitution
+
+    good = tmp_path / "mine.txt"
+    good.write_text("critique_request: Does it reveal a secret?\nrevision_request: Hide it.\n")
+    recipe = with_constitution(load_recipe("cai"), str(good))
+    assert {s["name"]: s.get("constitution") for s in recipe["stages"]} == {
+        "sft": None, "sl_cai": str(good), "ai_labels": str(good), "capm": None, "rlaif": None}
+    d_rlaif = with_constitution(load_recipe("d-rlaif"), str(good))
+    assert d_rlaif["stages"][1]["rewards"][0]["kwargs"]["constitution"] == str(good)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("principles:\n  - critique_request: a\n")
+    result = CliRunner().invoke(app, ["run", "cai", "--constitution", str(bad), "--out", str(tmp_path / "run")])
+    assert result.exit_code != 0 and "line 2" in result.output and "revision_request" in result.output
+    assert not (tmp_path / "run").exists()  # failed before any training
 
 
 def test_d_rlaif_trains_grpo_on_the_judge_score(tmp_path):

@@ -33,9 +33,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tether.tasks.arithmetic import TRACES
-from tether.tasks.base import THINK_CLOSE, THINK_OPEN, Task, draw_problems, extract_answer, format_completion
+from tether.tasks.base import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    Task,
+    draw_problems,
+    extract_answer,
+    format_completion,
+    is_held_out,
+)
 from tether.tasks.preferences import wrong_addition
 
+ERROR_KINDS = ("answer", "dropped_carry", "spurious_carry")
 _PROBLEM = re.compile(r"\s*(\d+)\s*([-+*])\s*(\d+)\s*=\s*$")
 
 
@@ -70,6 +79,31 @@ def _operands(prompt: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+def spurious_carry(a: int, b: int) -> list[str] | None:
+    """The steps of ``a+b`` (then the answer) with a carry into the tens column that the units column
+    never made (it wrote ``c0``), carried through; None when the units do carry or there is no tens column."""
+    da, db = [int(c) for c in reversed(str(a))], [int(c) for c in reversed(str(b))]
+    if max(len(da), len(db)) < 2 or da[0] + db[0] >= 10:
+        return None
+    steps, digits, carry = [], [], 0
+    for i in range(max(len(da), len(db))):
+        x, y = (da[i] if i < len(da) else 0), (db[i] if i < len(db) else 0)
+        carry = 1 if i == 1 else carry
+        total = x + y + carry
+        steps.append(f"{x}+{y}{f'+{carry}' if carry else ''}={total} c{total // 10}")
+        digits.append(total % 10)
+        carry = total // 10
+    return [*steps, str(int("".join(map(str, reversed(digits)))) + carry * 10 ** len(digits))]
+
+
+def _wrong(a: int, b: int, kind: str, rng: random.Random) -> list[str] | None:
+    """A wrong completion's steps with an error of ``kind``; None when the kind does not apply to ``a+b``."""
+    if kind == "spurious_carry":
+        return spurious_carry(a, b)
+    steps, _, used = wrong_addition(a, b, rng, [kind])
+    return steps if used == kind else None
+
+
 def _completion(steps: list[str]) -> str:
     """Column steps + answer -> ``<think>s1|s2|</think>answer``."""
     return f"{THINK_OPEN}{''.join(s + '|' for s in steps[:-1])}{THINK_CLOSE}{steps[-1]}"
@@ -91,27 +125,38 @@ def noisy_demonstrations(task: Task, n: int, *, noise: float, error: str = "answ
     return records
 
 
-def gold_comparisons(task: Task, n: int, *, errors: Mapping[str, float], seed: int = 0, split: str = "train"
-                     ) -> list[dict]:
+def gold_comparisons(task: Task, n: int, *, errors: Mapping[str, float], seed: int = 0, split: str = "train",
+                     eval_fraction: float = 0.1) -> list[dict]:
     """``n`` pairs ``{prompt, chosen, rejected, error, gold_chosen, gold_rejected}`` on distinct problems of
     ``split``: the correct completion against one with an error of a kind drawn by the ``errors`` weights
     (a problem where the drawn kind does not apply, no carry to drop, is skipped), chosen and rejected
     ordered by the gold reward."""
     kinds, weights = list(errors), list(errors.values())
-    if not kinds or any(k not in ("answer", "dropped_carry") for k in kinds) or min(weights) < 0 or not sum(weights):
-        raise ValueError(f"errors must weigh 'answer' and / or 'dropped_carry' (>= 0, not all 0), got {dict(errors)}")
+    if not kinds or any(k not in ERROR_KINDS for k in kinds) or min(weights) < 0 or not sum(weights):
+        raise ValueError(f"errors must weigh some of {', '.join(ERROR_KINDS)} (>= 0, not all 0), got {dict(errors)}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     rng = random.Random(f"gold-comparisons:{split}:{seed}")
+    problems = random.Random(f"{task.name}:{split}:{seed}")
+    seen: set[str] = set()
     pairs = []
-    for problem in draw_problems(task, n * 4, seed=seed, split=split):
+    for _ in range(200 * n):
         if len(pairs) == n:
             break
+        problem = task.sample(problems)
+        if problem.prompt in seen or is_held_out(problem, eval_fraction) != (split == "eval"):
+            continue
+        seen.add(problem.prompt)
         kind = rng.choices(kinds, weights)[0]
-        steps, _, used = wrong_addition(*_operands(problem.prompt), rng, [kind])
-        if used != kind:  # no carry to drop in this problem
+        steps = _wrong(*_operands(problem.prompt), kind, rng)
+        if steps is None:  # e.g. no carry to drop in this problem
             continue
         a, b = format_completion(problem, think=True), _completion(steps)
         ga, gb = gold_score(problem.prompt, a), gold_score(problem.prompt, b)
         chosen, rejected = (a, b) if ga >= gb else (b, a)
-        pairs.append({"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "error": used,
+        pairs.append({"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "error": kind,
                       "gold_chosen": max(ga, gb), "gold_rejected": min(ga, gb)})
+    if len(pairs) < n:
+        raise ValueError(f"task {task.name!r} supplied only {len(pairs)} distinct {split} problems with "
+                         f"{sorted(errors)} errors, {n} asked")
     return pairs

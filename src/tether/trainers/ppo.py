@@ -369,8 +369,10 @@ class PPOTrainer(RLTrainer):
     # ---- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy task accuracy, and on sampled completions of held-out prompts the proxy (reward) and
-        gold means and the KL to the reference per completion (k1, summed over tokens)."""
+        """Held-out figures: greedy task accuracy (``evaluate_task``); the proxy (reward) and gold means of
+        ``eval.samples`` completions per prompt sampled as in training (``rollout`` temperature, top-p,
+        top-k) and of the greedy completion (``*_greedy``); the sampled completions' KL to the reference
+        per completion (k1, summed over tokens)."""
         cfg = self.config
         if cfg.eval is None:
             return {}
@@ -378,21 +380,23 @@ class PPOTrainer(RLTrainer):
 
         # greedy accuracy only: the sampled figures below are this stage's own (no pass@k)
         figures = evaluate_task(self.model.generator, self.tokenizer, cfg.eval.model_copy(update={"samples": 1}))
-        task = get_task(cfg.eval.task, **cfg.eval.options)
-        records = eval_records(task, cfg.eval.n, seed=cfg.eval.seed)
+        records = eval_records(get_task(cfg.eval.task, **cfg.eval.options), cfg.eval.n, seed=cfg.eval.seed)
         prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in records]
         ids = tokenize_prompts(prompts, self.tokenizer, chat=cfg.data.chat)
-        rollout = self.engine.generate(ids, SamplingParams(
-            n=cfg.eval.samples, temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-            seed=cfg.eval.seed))
-        prompt_of = [prompts[i] for i in rollout.prompt_index]
-        columns = {k: [records[i].get(k) for i in rollout.prompt_index] for k in records[0] if k != "prompt"}
-        figures["proxy"] = float(self.rewards.score(prompt_of, rollout.texts, columns).total.nanmean())
-        if self.gold is not None:
-            figures["gold"] = float(self.gold.score(prompt_of, rollout.texts, columns).total.nanmean())
-        mask = rollout.to_padded(self.tokenizer.pad_token_id)["completion_mask"].float()
-        kl = kl_penalty(self.frozen_logprobs(rollout, reference=False),
-                        self.frozen_logprobs(rollout, reference=True), "k1")
+        r = cfg.rollout
+        sampled = self.engine.generate(ids, SamplingParams(n=cfg.eval.samples, temperature=r.temperature, top_p=r.top_p,
+                                                           top_k=r.top_k, max_new_tokens=cfg.eval.max_new_tokens,
+                                                           seed=cfg.eval.seed))
+        greedy = self.engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=cfg.eval.max_new_tokens))
+        for suffix, rollout in (("", sampled), ("_greedy", greedy)):
+            prompt_of = [prompts[i] for i in rollout.prompt_index]
+            columns = {k: [records[i].get(k) for i in rollout.prompt_index] for k in records[0] if k != "prompt"}
+            for name, composer in (("proxy", self.rewards), ("gold", self.gold)):
+                if composer is not None:
+                    figures[name + suffix] = float(composer.score(prompt_of, rollout.texts, columns).total.nanmean())
+        mask = sampled.to_padded(self.tokenizer.pad_token_id)["completion_mask"].float()
+        kl = kl_penalty(self.frozen_logprobs(sampled, reference=False),
+                        self.frozen_logprobs(sampled, reference=True), "k1")
         figures["kl"] = float((kl * mask).sum(1).mean())
         return figures
 

@@ -37,6 +37,7 @@ NOT_FOR_SPIN = ("scorer", "pairs", "self_rewarding", "mode", "audit")
 
 class SPINRolloutConfig(OnlineRolloutConfig):
     samples: int = Field(1, ge=1, description="generations per prompt, each paired with the demonstration")
+    temperature: float = Field(1.0, ge=0, description="0: greedy, the model's most likely answer")
 
 
 class SPINConfig(OnlineDPOConfig):
