@@ -49,3 +49,30 @@ def test_plot_marks_every_beta_and_the_start(tmp_path):
         results.update({f"bon/n={n}/kl": kl, f"bon/n={n}/gold": gold, f"bon/n={n}/proxy": proxy})
     path = plot_overoptimization(results, [0.3, 0.1, 0.0], [1, 4], tmp_path / "plot.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_instructgpt_recipe_raises_the_gold_reward(tmp_path):
+    """The acceptance figure: after PPO against the learned RM the hidden gold reward is higher than after SFT."""
+    from tether.pipeline import load_recipe
+
+    ppo = run_recipe(load_recipe("instructgpt"), tmp_path, report=False)["ppo"]
+    assert ppo["gold_greedy"] > ppo["before/gold_greedy"], ppo
+    assert ppo["proxy"] > ppo["before/proxy"] and ppo["accuracy"] > ppo["before/accuracy"], ppo
+
+
+@pytest.mark.slow
+def test_overoptimization_recipe_gold_peaks_before_the_largest_kl(tmp_path):
+    """Gao et al.'s shape: the proxy keeps rising with KL while the gold reward peaks and falls."""
+    from tether.pipeline import load_recipe
+
+    results = run_recipe(load_recipe("overoptimization"), tmp_path, report=False)["overoptimization"]
+    betas = [0.3, 0.1, 0.03, 0.0]
+    kl = {b: results[f"beta={b:g}/kl"] for b in betas}
+    largest = max(kl, key=kl.get)
+    assert results["peak_kl"] < kl[largest] and results[f"beta={largest:g}/gold"] < results["peak_gold"]
+    assert results[f"beta={largest:g}/proxy"] > results["start/proxy"]
+    bon_gold = [results[f"bon/n={n}/gold"] for n in (1, 2, 4, 8, 16, 32)]
+    assert max(bon_gold) > bon_gold[0] and bon_gold[-1] < max(bon_gold)
+    assert results["bon/n=32/proxy"] > results["bon/n=1/proxy"]
+    assert (tmp_path / "overoptimization.png").exists()

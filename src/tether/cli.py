@@ -105,6 +105,10 @@ def print_results(results: dict[str, dict]) -> None:
     successes = [(s, f["success"]) for s, f in results.items() if "success" in f]  # agent stages
     if successes:
         console.print("held-out success: " + " -> ".join(f"{s} {a:.1%}" for s, a in successes))
+    for key in ("violation_rate", "helpfulness"):  # the 'secret' task's principle (cai, d-rlaif)
+        values = [(s, f[key]) for s, f in results.items() if key in f]
+        if values:
+            console.print(f"held-out {key.replace('_', ' ')}: " + " -> ".join(f"{s} {v:.1%}" for s, v in values))
 
 
 @app.command("recipes")

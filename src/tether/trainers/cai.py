@@ -215,10 +215,11 @@ def build_sl_cai_corpus(cfg: SLCAIConfig, model: Any, tokenizer: Any, out_dir: P
     kept = [c for c in corpus if c["revision"].strip() and (cfg.corpus.keep == "all" or c["revision"] != c["initial"])]
     if not kept:
         raise ValueError(f"stage {cfg.name!r}: the SL-CAI corpus is empty ({figures})")
-    _write_jsonl(out_dir / "corpus.jsonl", corpus)
-    _write_jsonl(out_dir / "train.jsonl", [_sft_row(c["prompt"], c["revision"], cfg.data.chat) for c in kept])
     figures["corpus/records"] = float(len(kept))
+    _write_jsonl(out_dir / "corpus.jsonl", corpus)
     (out_dir / "corpus.json").write_text(json.dumps(figures, indent=2))
+    # written last: a corpus that exists is complete (a resumed stage goes straight to its SFT)
+    _write_jsonl(out_dir / "train.jsonl", [_sft_row(c["prompt"], c["revision"], cfg.data.chat) for c in kept])
     return figures
 
 
