@@ -86,8 +86,9 @@ def test_python_tool_runs_in_the_sandbox():
 
 
 def test_build_tools_from_config_entries():
-    tools = build_tools(["calculator", {"name": "python", "kwargs": {"max_chars": 10}}, lookup])
-    assert list(tools) == ["calculator", "python", "lookup"]
+    tools = build_tools(["calculator", {"name": "python", "kwargs": {"max_chars": 10}}, lookup,
+                         "tether.rollout.tools:calculate"])
+    assert list(tools) == ["calculator", "python", "lookup", "calculate"]
     with pytest.raises(ValueError, match="two tools"):
         build_tools(["calculator", "calculator"])
     with pytest.raises(KeyError, match="valid names"):

@@ -41,7 +41,9 @@ class EnvironmentConfig(StrictModel):
 
     name: str = Field("tools", description="a registered environment (ENVIRONMENTS)")
     task: TaskSource = Field(default_factory=lambda: TaskSource(name="multiplication"))
-    tools: list[str | dict[str, Any]] = Field(default_factory=lambda: ["calculator"])
+    tools: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: ["calculator"],
+        description="built-in tools (calculator, python), import paths 'package.module:function' or {name, kwargs}")
     action_format: Literal["react", "hermes"] = "react"
     system_prompt: bool = Field(True, description="describe the tools in a system message (or the template's)")
     max_observation_chars: int = Field(256, ge=1, description="longer tool output is cut")

@@ -23,6 +23,7 @@ Built-in tools (``TOOLS``): ``calculator`` (exact integer / rational arithmetic,
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import operator
 import re
@@ -230,14 +231,22 @@ class ToolExecutionError(RuntimeError):
         self.limit, self.output = limit, output
 
 
+def _import(path: str) -> Callable:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def build_tools(specs: list[str | dict | Callable | Tool]) -> dict[str, Tool]:
-    """Tools by name from config entries: a registered name, ``{name: ..., kwargs: {...}}``, a callable or a Tool."""
+    """Tools by name from config entries: a registered name, an import path ``"package.module:function"``
+    (any typed, documented function), ``{name: ..., kwargs: {...}}``, a callable or a Tool."""
     tools: dict[str, Tool] = {}
     for spec in specs:
         if isinstance(spec, Tool):
             tool = spec
         elif callable(spec):
             tool = Tool(spec)
+        elif isinstance(spec, str) and ":" in spec and spec not in TOOLS:
+            tool = Tool(_import(spec))
         elif isinstance(spec, str):
             tool = TOOLS.get(spec)()
         else:
