@@ -57,7 +57,7 @@ def test_instructgpt_recipe_raises_the_gold_reward(tmp_path):
     from tether.pipeline import load_recipe
 
     ppo = run_recipe(load_recipe("instructgpt"), tmp_path, report=False)["ppo"]
-    assert ppo["gold_greedy"] > ppo["before/gold_greedy"], ppo
+    assert ppo["gold"] > ppo["before/gold"] and ppo["gold_greedy"] > ppo["before/gold_greedy"], ppo
     assert ppo["proxy"] > ppo["before/proxy"] and ppo["accuracy"] > ppo["before/accuracy"], ppo
 
 

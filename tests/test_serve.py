@@ -1,9 +1,11 @@
 """`tether serve`: the OpenAI-compatible server, in a child process over real HTTP on a loopback port
 (and the app under uvicorn in a thread), with its limits, its API key, and a judge that reads it."""
 
+import http.client
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -40,6 +42,23 @@ def call(url, body=None, key="test-key", raw=None):
         return err.code, json.loads(err.read())
 
 
+def declare_oversized_body(url, size, key="test-key"):
+    """POST whose headers declare a ``size``-byte body, none of which is sent: the server must answer
+    413 from the headers alone. (Sending the body races the server closing the socket: broken pipe.)"""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.putrequest("POST", parts.path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Authorization", f"Bearer {key}")
+        conn.putheader("Content-Length", str(size))
+        conn.endheaders()
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+
+
 def test_tether_serve_answers_like_the_local_engine(served):
     server, _ = served
     assert server.base_url.startswith("http://127.0.0.1:")
@@ -68,7 +87,8 @@ def test_tether_serve_refuses_bad_keys_big_bodies_and_bad_requests(served):
     assert call(f"{server.base_url}/models", key=None)[0] == 401
     status, err = call(f"{server.base_url}/completions", {"prompt": "x"}, key="wrong")
     assert status == 401 and "API key" in err["error"]["message"]
-    assert call(f"{server.base_url}/completions", raw=b"x" * (2 << 20))[0] == 413
+    status, err = declare_oversized_body(f"{server.base_url}/completions", 2 << 20)
+    assert status == 413 and "over the limit" in err["error"]["message"]
     status, err = call(f"{server.base_url}/completions", {"prompt": "x", "n": 0})
     assert status == 400 and "n" in err["error"]["message"]
     status, err = call(f"{server.base_url}/completions", {"prompt": "x", "max_tokens": 10_000})
@@ -126,3 +146,37 @@ def test_app_strips_stop_strings_renders_chat_and_caps_n(tmp_path):
         assert body["choices"][0]["message"]["content"] == "[<s><|system|>s</s><|user|>u</s><|assistant|>] answer"
         status, err = call(f"{server.base_url}/completions", {"prompt": "q", "n": 5}, key=None)
         assert status == 400 and "limit of 4" in err["error"]["message"]
+
+
+def test_body_limit_counts_a_chunked_body_as_it_arrives():
+    import asyncio
+
+    from tether.serve import BodyLimit
+
+    async def echo_length(scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(len(body)).encode()})
+
+    def run(chunks):
+        queue = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        sent = []
+
+        async def receive():
+            return queue.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "headers": [(b"transfer-encoding", b"chunked")]}
+        asyncio.run(BodyLimit(echo_length, limit=10)(scope, receive, send))
+        return sent[0]["status"], sent[1]["body"]
+
+    assert run([b"12345", b"12345"]) == (200, b"10")
+    status, body = run([b"123456", b"123456", b"1"])
+    assert status == 413 and b"over the limit of 10 bytes" in body

@@ -12,8 +12,9 @@ proxy keeps rising with KL(pi || pi_init); the gold reward rises, peaks and fall
 PPO run from the same SFT model (``PPOConfig`` with ``kl.coef = beta``, fixed controller), ending
 with the PPO trainer's held-out evaluation: sampled completions of held-out prompts scored by proxy
 and gold, and their KL to the SFT model per completion (k1, summed over tokens). The stage writes
-``RUN_DIR/overoptimization.png`` (gold and proxy against KL, one point per beta, each run's training
-trajectory faint behind it) and returns the figures keyed ``beta=B/gold`` etc. Differs from the
+``RUN_DIR/overoptimization.png`` (gold and proxy against KL: one point per beta, and the best-of-n
+curve from the SFT model, ``best_of_n``) and returns the figures keyed ``beta=B/gold``, ``bon/n=N/gold``
+etc. Differs from the
 paper: Gao et al. follow KL along one long run (and best-of-n); a beta sweep reaches the large-KL
 end in few steps on a CPU. Their x axis is sqrt(KL); ours is KL.
 """
@@ -38,7 +39,6 @@ from tether.rollout import HFEngine, SamplingParams
 from tether.tasks import eval_records, get_task
 from tether.tasks.gold import gold_comparisons, noisy_demonstrations
 from tether.trainers import checkpoint as ckpt
-from tether.trainers.metrics import read_metrics
 from tether.trainers.ppo import PPOConfig
 
 log = logging.getLogger(__name__)
@@ -185,20 +185,13 @@ def sweep(cfg: OverOptimizationConfig, run_dir: str | Path, *, resume: bool = Tr
     golds = {b: results[f"beta={b:g}/gold"] for b in cfg.betas}
     best = max(golds, key=golds.get)
     results.update({"peak_beta": best, "peak_gold": golds[best], "peak_kl": results[f"beta={best:g}/kl"]})
-    plot_overoptimization(results, cfg.betas, sorted(set(cfg.best_of_n)), run_dir / PLOT_FILE,
-                          trajectories=[read_metrics(run_dir, run_name(cfg, b)) for b in cfg.betas])
+    plot_overoptimization(results, cfg.betas, sorted(set(cfg.best_of_n)), run_dir / PLOT_FILE)
     return results
 
 
-def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str,
-           trajectories: list[list[dict]] = ()) -> None:
-    """Gold (left axis) and proxy (right axis) against KL, each point labelled; faint training paths."""
+def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str) -> None:
+    """Gold (left axis) and proxy (right axis) against KL, each point labelled."""
     right = ax.twinx()
-    for rows in trajectories:
-        steps = [r for r in rows if r.get("kl/sequence") is not None and r.get("reward/gold") is not None]
-        kl = [r["kl/sequence"] for r in steps]
-        ax.plot(kl, [r["reward/gold"] for r in steps], color="tab:green", alpha=0.15, lw=1)
-        right.plot(kl, [r["reward/proxy"] for r in steps], color="tab:blue", alpha=0.15, lw=1)
     kl, gold, proxy, labels = zip(*sorted(points), strict=True)
     ax.plot(kl, gold, "o-", color="tab:green", label="gold reward")
     right.plot(kl, proxy, "s--", color="tab:blue", label="proxy (reward model)")
@@ -209,11 +202,10 @@ def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str,
     right.set_ylabel("proxy reward (RM score)", color="tab:blue")
     ax.set_title(title, fontsize=10)
     handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="lower left", fontsize=7)
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower center", fontsize=7)
 
 
-def plot_overoptimization(results: dict[str, float], betas: list[float], ns: list[int], path: Path,
-                          trajectories: list[list[dict]] = ()) -> Path:
+def plot_overoptimization(results: dict[str, float], betas: list[float], ns: list[int], path: Path) -> Path:
     """PPO (one point per beta, held-out figures; the SFT model at KL 0) and, when ``ns``, best-of-n."""
     import matplotlib
 
@@ -225,13 +217,13 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
     if "start/gold" in results:
         ppo.append((0.0, results["start/gold"], results["start/proxy"], "SFT"))
     fig, axes = plt.subplots(1, 2 if ns else 1, figsize=(12 if ns else 6.5, 4.3), dpi=100, squeeze=False)
-    _panel(axes[0, 0], ppo, "PPO against the reward model, one run per KL coefficient β", trajectories)
+    _panel(axes[0, 0], ppo, "PPO against the reward model, one run per KL coefficient β")
     if ns:
         bon = [(results[f"bon/n={n}/kl"], results[f"bon/n={n}/gold"], results[f"bon/n={n}/proxy"], f"n={n}")
                for n in ns]
         _panel(axes[0, 1], bon, "best-of-n from the SFT model, ranked by the reward model")
-    fig.suptitle("Reward over-optimisation (Gao, Schulman and Hilton 2022): the proxy keeps rising, gold does not",
-                 fontsize=11)
+    fig.suptitle("Reward over-optimisation (Gao, Schulman and Hilton 2022): gold and proxy reward against KL "
+                 "to the SFT model (held-out prompts)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
