@@ -1,9 +1,12 @@
 """Agentic RL: observation tokens get exactly zero gradient, the reward rises, resume is exact, SFT masks tools."""
 
+from collections import defaultdict
+
 import pytest
 import torch
 
-from tether.data import pack_sequences, tokenize_sft
+from tether.data import tokenize_sft
+from tether.data.prefix_sharing import pack_prefix_groups
 from tether.models import build_tiny
 from tether.trainers.agent import AgentConfig, AgentRLTrainer, demonstration_records, gigpo_token_advantages
 
@@ -54,19 +57,25 @@ def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl):
     rollout = batches[0][1]
     assert len(captured) == len(row_orders) == 2 and sum(sum(m) < len(m) for m in rollout.action_masks) > 0
     for logits, order in zip(captured, row_orders, strict=True):
-        packed = pack_sequences([rollout.prompt_ids[i] + rollout.completion_ids[i] for i in order],
-                                row_tokens=t.config.row_tokens, pad_token_id=t.tokenizer.pad_token_id)
+        # the update forward's layout: each group's completions share their common prefix
+        index = {}
+        groups = [index.setdefault(tuple(rollout.prompt_ids[i]), len(index)) for i in order]
+        packed = pack_prefix_groups([rollout.prompt_ids[i] + rollout.completion_ids[i] for i in order], groups,
+                                    row_tokens=t.config.row_tokens, pad_token_id=t.tokenizer.pad_token_id)
+        serves = defaultdict(set)  # logits position -> masks of the tokens it scores
+        for j, i in enumerate(order):
+            p = len(rollout.prompt_ids[i])
+            for k, m in enumerate(rollout.action_masks[i]):
+                serves[int(packed.rows[j]), int(packed.columns[j, p + k - 1])].add(m)
         grad = logits.grad
         observed = generated = 0
-        for j, i in enumerate(order):
-            row, start = int(packed.rows[j]), int(packed.starts[j]) + len(rollout.prompt_ids[i])
-            for k, m in enumerate(rollout.action_masks[i]):
-                g = grad[row, start + k - 1]  # the logits that predict completion token k
-                if m == 0:
-                    assert torch.count_nonzero(g) == 0
-                    observed += 1
-                else:
-                    generated += int(torch.count_nonzero(g) > 0)
+        for (row, col), masks in serves.items():
+            g = grad[row, col]
+            if masks == {0}:
+                assert torch.count_nonzero(g) == 0
+                observed += 1
+            elif 1 in masks:
+                generated += int(torch.count_nonzero(g) > 0)
         assert observed > 0 and generated > 0
 
 

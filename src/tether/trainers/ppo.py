@@ -120,6 +120,8 @@ class PPOConfig(StageConfig):
     mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
     micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
     row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
+    prefix_sharing: bool = Field(True, description="completions of the same prompt share it in the update "
+                                                   "forward (sdpa / eager attention; others ignore it)")
     sample_every: int = Field(10, ge=1)
 
     @model_validator(mode="after")

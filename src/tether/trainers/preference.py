@@ -48,6 +48,7 @@ from tether.core.preference import (
     wpo_weights,
 )
 from tether.data import DataError, TokenizedExample, tokenize_sft
+from tether.data.prefix_sharing import sequence_token_logprobs
 from tether.models.reward_model import layout_sequences
 from tether.pipeline import register_stage
 from tether.tasks.preferences import split_pairs
@@ -73,6 +74,9 @@ REFERENCE_CACHE = "reference_logps.pt"
 class PreferenceDataConfig(PairDataConfig):
     split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
                                                  "undesirable")
+    prefix_sharing: bool = Field(True, description="with packing: the tokens a pair's chosen and rejected start "
+                                                   "with (the prompt, at least) go through the model once "
+                                                   "(sdpa / eager attention; others ignore it)")
 
 
 class PreferenceLossConfig(StrictModel):
@@ -172,49 +176,65 @@ def loss_beta(cfg: DPOConfig) -> float:
 
 
 def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
-                         pad_token_id: int, packing: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of each example's loss tokens, from one forward pass (packed by default).
+                         pad_token_id: int, packing: bool = True, groups: Sequence[int] | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each example's loss tokens, from one forward pass.
 
-    Returns ``(token_logps, mask)``, both shape (N, T) with T the longest example minus one:
-    ``token_logps[i, t] = log π(x_{t+1} | x_{<=t})`` of example i where ``mask[i, t]`` (its
-    label at t+1 is a loss token), 0 elsewhere.
+    Returns ``(token_logps, mask)``, both shape (N, T): ``token_logps[i, j]`` is the log-prob of the
+    j-th token of example i from its first loss token on, where ``mask[i, j]`` (that token is a loss
+    token), 0 elsewhere. Packed by default; examples with the same ``groups`` id (a pair's chosen and
+    rejected) then share their common prefix (:mod:`tether.data.prefix_sharing`). With
+    ``packing=False`` one right-padded row per example.
     """
+    if not packing:
+        return _padded_token_logps(model, examples, pad_token_id=pad_token_id)
+    first = [next((t for t, label in enumerate(e.labels) if t > 0 and label != -100), len(e)) for e in examples]
+    logps, valid, _ = sequence_token_logprobs(model, [e.input_ids for e in examples], first_targets=first,
+                                              groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
+    scored = torch.zeros(valid.shape, dtype=torch.bool)
+    for i, (e, f) in enumerate(zip(examples, first, strict=True)):
+        scored[i, : len(e) - f] = torch.tensor(e.labels[f:], dtype=torch.long) != -100
+    mask = scored.to(valid.device) & valid
+    return torch.where(mask, logps, 0.0), mask
+
+
+def _padded_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, pad_token_id: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
-    packed, attention_mask = layout_sequences([e.input_ids for e in examples], packing=packing,
-                                              row_tokens=row_tokens, pad_token_id=pad_token_id)
-    lengths = torch.tensor([len(e) for e in examples])
-    width = int(lengths.max()) - 1
-    targets = torch.full((len(examples), width), -100, dtype=torch.long)
-    for i, e in enumerate(examples):
-        targets[i, : len(e) - 1] = torch.tensor(e.labels[1:], dtype=torch.long)
-    steps = torch.arange(width)
-    valid = steps[None, :] < (lengths - 1)[:, None]
-    cols = torch.where(valid, packed.starts[:, None] + steps[None, :], 0)
-    rows = packed.rows[:, None].expand_as(cols)
+    packed, attention_mask = layout_sequences([e.input_ids for e in examples], packing=False,
+                                              row_tokens=0, pad_token_id=pad_token_id)
     labels = torch.full_like(packed.input_ids, -100)
-    labels[rows[valid], cols[valid]] = targets[valid]
+    for i, e in enumerate(examples):
+        labels[i, : len(e) - 1] = torch.tensor(e.labels[1:], dtype=torch.long)
     inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in packed.model_inputs().items()}
-    if attention_mask is not None:
-        inputs["attention_mask"] = attention_mask.to(device)
-    logits = model(**inputs).logits
-    token_logps = selective_log_softmax(logits, labels.to(device))
-    mask = (targets != -100).to(device)
-    return torch.where(mask, token_logps[rows.to(device), cols.to(device)], 0.0), mask
+    logits = model(**inputs, attention_mask=attention_mask.to(device)).logits
+    token_logps = selective_log_softmax(logits, labels.to(device))[:, :-1]
+    mask = (labels != -100)[:, :-1].to(device)
+    return torch.where(mask, token_logps, 0.0), mask
 
 
 def pair_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
                 ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
-                packing: bool = True) -> PreferenceInputs:
-    """Summed completion log-probs of chosen and rejected under ``model`` (one packed forward pass),
-    with the given reference log-probs (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
+                packing: bool = True, prefix_sharing: bool = True) -> PreferenceInputs:
+    """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
+    a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
+    (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
     b = len(pairs)
-    tok, mask = sequence_token_logps(model, [p.chosen for p in pairs] + [p.rejected for p in pairs],
-                                     row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing)
+    tok, mask = pair_token_logps(model, pairs, row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing,
+                                 prefix_sharing=prefix_sharing)
     logps = sequence_logprobs(tok, mask, average=False)
     lengths = mask.sum(-1).float()
     weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if wpo else None
     return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
                             weights=weights)
+
+
+def pair_token_logps(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,
+                     packing: bool = True, prefix_sharing: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequence_token_logps`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``."""
+    groups = list(range(len(pairs))) * 2 if prefix_sharing else None
+    return sequence_token_logps(model, [p.chosen for p in pairs] + [p.rejected for p in pairs], row_tokens=row_tokens,
+                                pad_token_id=pad_token_id, packing=packing, groups=groups)
 
 
 def pair_loss(loss_fn: Callable[[PreferenceInputs], tuple[torch.Tensor, dict]], loss: str | dict[str, float],
@@ -380,6 +400,20 @@ class PreferenceTrainer(Trainer):
         out = [sequence_logprobs(*self.token_logps(chunk), average=False) for chunk in chunks(list(examples), size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
 
+    @torch.no_grad()
+    def pair_sequence_logps(self, pairs: Sequence[PairExample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed completion log-probs of chosen and of rejected under the current weights, in chunks
+        laid out as in training (a pair's common prefix shared)."""
+        self.model.eval()
+        chosen, rejected = [], []
+        for chunk in chunks(list(pairs), self.config.train.batch_size):
+            inputs = self.pair_inputs(chunk, None, None)
+            chosen.append(inputs.chosen_logps.cpu())
+            rejected.append(inputs.rejected_logps.cpu())
+        if not chosen:
+            return torch.zeros(0), torch.zeros(0)
+        return torch.cat(chosen), torch.cat(rejected)
+
     def prepare_reference(self, *, use_cache: bool) -> None:
         """Reference log-probs of every training and held-out sequence, from the initial weights.
 
@@ -406,7 +440,9 @@ class PreferenceTrainer(Trainer):
                 logps[group] = torch.stack([both[: len(group)], both[len(group):]], -1)
             ref = {"train": logps, **{k: self.sequence_logps(v) for k, v in sets.items() if k.startswith("eval")}}
         else:
-            ref = {k: self.sequence_logps(v) for k, v in sets.items()}
+            ref = {}
+            for split, pairs in (("train", self.examples), ("eval", self.eval_pairs)):
+                ref[f"{split}_chosen"], ref[f"{split}_rejected"] = self.pair_sequence_logps(pairs)
         self.ref = ref
         if self.dist.is_main:
             self.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -430,7 +466,7 @@ class PreferenceTrainer(Trainer):
         data = self.config.data
         return pair_inputs(self.model, pairs, ref_chosen, ref_rejected, wpo=self.config.wpo,
                            row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
-                           packing=data.packing)
+                           packing=data.packing, prefix_sharing=data.prefix_sharing)
 
     def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
         device = next(self.model.parameters()).device

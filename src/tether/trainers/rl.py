@@ -30,9 +30,9 @@ from tether.config import StageConfig, StrictModel, TaskSource, known_name
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
 from tether.core.aggregation import LOSS_AGGREGATIONS, agg_loss, num_seqs, num_tokens
 from tether.core.kl import KL_ESTIMATORS, kl_penalty
-from tether.core.logprobs import entropy_from_logits, selective_log_softmax
 from tether.core.policy_loss import POLICY_LOSSES
-from tether.data import load_records, pack_sequences, tokenize_prompts
+from tether.data import load_records, tokenize_prompts
+from tether.data.prefix_sharing import sequence_token_logprobs
 from tether.pipeline import deep_merge
 from tether.rewards import RewardComposer, RewardSpec
 from tether.rewards.ray_scoring import RayRewardComposer
@@ -157,6 +157,8 @@ class GRPOConfig(StageConfig):
     mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
     micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
     row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
+    prefix_sharing: bool = Field(True, description="the update forward computes a prompt shared by a group's "
+                                                   "completions once (sdpa / eager attention; others ignore it)")
     overlong: OverlongConfig | None = None
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     sample_every: int = Field(10, ge=1)
@@ -192,32 +194,21 @@ def rl_prompt_records(data: RLDataConfig) -> list[dict]:
 
 def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
                         temperature: float, row_tokens: int, pad_token_id: int, with_entropy: bool = False,
-                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        entropy_grad: bool = False, share_prompts: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of each completion given its prompt, shape (N, C).
 
-    The prompt+completion sequences are packed padding-free; position j of row i scores
-    ``completions[i][j]``; positions past a completion's length are 0.
+    The prompt+completion sequences are packed; with ``share_prompts`` the completions of one prompt
+    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`).
+    Position j of row i scores ``completions[i][j]``; positions past a completion's length are 0.
     """
-    lengths = torch.tensor([len(c) for c in completions])
-    width = int(lengths.max()) if len(completions) else 0
-    packed = pack_sequences([p + c for p, c in zip(prompts, completions, strict=True)],
-                            row_tokens=row_tokens, pad_token_id=pad_token_id)
-    logits = model(**packed.model_inputs()).logits
-    labels = torch.full_like(packed.input_ids, -100)
-    first = packed.starts + torch.tensor([len(p) for p in prompts])  # first completion token
-    j = torch.arange(width)
-    valid = j[None, :] < lengths[:, None]
-    cols = (first[:, None] + j[None, :]).clamp(max=packed.input_ids.shape[1] - 1)
-    rows = packed.rows[:, None].expand_as(cols)
-    labels[rows[valid], cols[valid] - 1] = packed.input_ids[rows[valid], cols[valid]]
-    token_logps = selective_log_softmax(logits, labels, temperature=temperature)
-    out = torch.where(valid, token_logps[rows, (cols - 1).clamp(min=0)], 0.0)
-    entropy = None
-    if with_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            ent = entropy_from_logits(logits, temperature=temperature)
-        entropy = torch.where(valid, ent[rows, (cols - 1).clamp(min=0)], 0.0)
-    return out, entropy
+    index: dict[tuple[int, ...], int] = {}
+    groups = [index.setdefault(tuple(p), len(index)) for p in prompts] if share_prompts else None
+    logps, _, entropy = sequence_token_logprobs(
+        model, [p + c for p, c in zip(prompts, completions, strict=True)], first_targets=[len(p) for p in prompts],
+        groups=groups, temperature=temperature, row_tokens=row_tokens, pad_token_id=pad_token_id,
+        with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return logps, entropy
 
 
 class RLTrainer(Trainer):
@@ -359,7 +350,8 @@ class RLTrainer(Trainer):
         logps, entropy = completion_logprobs(
             model, [rollout.prompt_ids[i] for i in ids], [rollout.completion_ids[i] for i in ids],
             temperature=self.config.rollout.temperature, row_tokens=self.config.row_tokens,
-            pad_token_id=self.tokenizer.pad_token_id, with_entropy=with_entropy, entropy_grad=entropy_grad)
+            pad_token_id=self.tokenizer.pad_token_id, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            share_prompts=self.config.prefix_sharing)
         pad = width - logps.shape[1]
         if pad:
             logps = torch.nn.functional.pad(logps, (0, pad))

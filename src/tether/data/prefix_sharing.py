@@ -1,0 +1,194 @@
+"""Packing with shared prefixes: sequences that start alike are laid out once as a tree.
+
+A DPO pair's chosen and rejected share the prompt (and often the start of the answer); a GRPO
+group's completions share the prompt. Computing those tokens once per group is the prefix sharing
+of Wang et al. 2024 ("Accelerating Direct Preference Optimization with Prefix Sharing"): a
+group's *segment* is its common prefix followed by each member's own suffix,
+
+    [ p_1 .. p_P | a_{P+1} .. a_n | b_{P+1} .. b_m | ... ]
+
+with position ids ``0..P-1`` on the prefix and ``P, P+1, ...`` again on each suffix, and a
+4-D attention mask in which a suffix token sees the prefix and the earlier tokens of its own
+suffix, nothing else. Every token's hidden state is then exactly what the separate sequence
+would give it (the same keys, values and rotary positions), so log-probs agree with one forward
+pass per sequence up to float rounding (tested), at ``P * (members - 1)`` fewer tokens per group.
+
+Segments are packed several to a row (best-fit decreasing, rows capped as in
+:func:`tether.data.packing.row_capacity`); pads attend only to themselves. The mask needs an
+attention implementation that takes a custom 4-D mask (``sdpa`` or ``eager``); with another
+(flash-attention's varlen kernels) :func:`supports_custom_masks` is False and callers fall back
+to plain packing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tether.data.packing import pack_bins, row_capacity
+
+MASKABLE_ATTENTION = ("sdpa", "eager")
+
+
+def supports_custom_masks(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention takes a custom 4-D mask (transformers passes one through as is)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) in MASKABLE_ATTENTION
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Tokens shared at the start of every sequence, leaving each at least one token of its own."""
+    if len(sequences) < 2:
+        return 0
+    shared = 0
+    for column in zip(*sequences, strict=False):  # stops at the shortest
+        if any(t != column[0] for t in column):
+            break
+        shared += 1
+    return max(0, min(shared, min(len(s) for s in sequences) - 1))
+
+
+@dataclass
+class PrefixPacked:
+    """Sequences packed as prefix trees.
+
+    ``input_ids`` / ``position_ids``: (R, L); ``allowed``: (R, L, L) bool, ``allowed[r, q, k]``
+    when token q may attend to token k; ``rows`` (N,) and ``columns`` (N, T): token t of sequence
+    i sits at ``(rows[i], columns[i, t])`` (-1 past its end); ``shared_tokens``: the tokens saved.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    allowed: torch.Tensor
+    rows: torch.Tensor
+    columns: torch.Tensor
+    shared_tokens: int
+
+    def model_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
+        """``model(**...)`` arguments: the 4-D mask in the form ``model``'s attention expects."""
+        mask = self.allowed[:, None].to(self.input_ids.device)
+        if getattr(model.config, "_attn_implementation", None) == "eager":
+            dtype = next(model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": mask,
+                "use_cache": False}
+
+
+def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int] | None, *, row_tokens: int,
+                       pad_token_id: int) -> PrefixPacked:
+    """Pack ``sequences``; those with the same ``groups`` id share their common prefix (None: no sharing)."""
+    if not sequences:
+        raise ValueError("no sequences to pack")
+    if groups is None:
+        groups = range(len(sequences))
+    if len(groups) != len(sequences):
+        raise ValueError(f"{len(groups)} group ids for {len(sequences)} sequences")
+    members: dict[Any, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    segments = list(members.values())
+    prefixes = [common_prefix_length([sequences[i] for i in seg]) for seg in segments]
+    sizes = [p + sum(len(sequences[i]) - p for i in seg) for seg, p in zip(segments, prefixes, strict=True)]
+    bins = pack_bins(sizes, row_capacity(sizes, row_tokens))
+    width = max(sum(sizes[s] for s in b) for b in bins)
+    n_rows = len(bins)
+    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
+    positions = torch.zeros((n_rows, width), dtype=torch.long)
+    segment = torch.arange(n_rows * width).view(n_rows, width) + len(segments)  # pads: a segment each
+    branch = torch.zeros((n_rows, width), dtype=torch.long)
+    rows = torch.zeros(len(sequences), dtype=torch.long)
+    columns = torch.full((len(sequences), max(len(s) for s in sequences)), -1, dtype=torch.long)
+    for r, segs in enumerate(bins):
+        offset = 0
+        for s in sorted(segs):
+            p = prefixes[s]
+            first = sequences[segments[s][0]]
+            input_ids[r, offset:offset + p] = torch.as_tensor(first[:p], dtype=torch.long)
+            positions[r, offset:offset + p] = torch.arange(p)
+            prefix_cols = torch.arange(offset, offset + p)
+            cursor = offset + p
+            for b, i in enumerate(segments[s], start=1):
+                own = len(sequences[i]) - p
+                input_ids[r, cursor:cursor + own] = torch.as_tensor(sequences[i][p:], dtype=torch.long)
+                positions[r, cursor:cursor + own] = torch.arange(p, p + own)
+                branch[r, cursor:cursor + own] = b
+                rows[i] = r
+                columns[i, :p + own] = torch.cat([prefix_cols, torch.arange(cursor, cursor + own)])
+                cursor += own
+            segment[r, offset:cursor] = s
+            offset = cursor
+    q, k = segment[:, :, None], segment[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = (q == k) & causal & ((branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :]))
+    shared = sum(p * (len(seg) - 1) for seg, p in zip(segments, prefixes, strict=True))
+    return PrefixPacked(input_ids, positions, allowed, rows, columns, shared)
+
+
+def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
+                            first_targets: Sequence[int], groups: Sequence[int] | None = None,
+                            temperature: float = 1.0, row_tokens: int, pad_token_id: int,
+                            with_entropy: bool = False, entropy_grad: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
+
+    Returns ``(logps, valid, entropy)``, each (N, W) with W the most scored tokens of any sequence:
+    ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
+    ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
+    from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
+    ``groups`` id share their common prefix when the model takes custom masks; otherwise (or with
+    ``groups=None``) they are packed side by side.
+    """
+    from tether.core.logprobs import entropy_from_logits, selective_log_softmax
+    from tether.data.packing import pack_sequences
+
+    device = next(model.parameters()).device
+    lengths = torch.tensor([len(s) for s in sequences])
+    first = torch.as_tensor(list(first_targets), dtype=torch.long)
+    if bool((first < 1).any()) or bool((first > lengths).any()):
+        raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
+    if groups is not None and supports_custom_masks(model):
+        packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
+        inputs, rows, columns = packed.model_inputs(model), packed.rows, packed.columns
+    else:
+        plain = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
+        inputs, rows = plain.model_inputs(), plain.rows
+        steps = torch.arange(int(lengths.max()))
+        columns = torch.where(steps[None, :] < lengths[:, None], plain.starts[:, None] + steps[None, :], -1)
+    width_in = inputs["input_ids"].shape[1]
+    logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
+
+    width = int((lengths - first).max())
+    j = torch.arange(width)
+    valid = j[None, :] < (lengths - first)[:, None]
+    targets_at = (first[:, None] + j[None, :]).clamp(max=columns.shape[1] - 1)
+    padded = torch.full(columns.shape, pad_token_id, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        padded[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    targets = padded.gather(1, targets_at)[valid]
+    predicted_at = columns.gather(1, targets_at - 1)[valid]
+    keys = (rows[:, None].expand_as(valid)[valid] * width_in + predicted_at).to(device)
+    targets = targets.to(device)
+    # One label per logits position; where a shared position predicts two tokens (a branch point),
+    # the other tokens are scored from a gathered copy of just those rows.
+    labels = torch.full((logits.shape[0] * width_in,), -100, dtype=torch.long, device=device)
+    labels[keys] = targets
+    primary = labels[keys] == targets
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    values = selective_log_softmax(logits, labels.view(logits.shape[:2]), temperature=temperature).view(-1)[keys]
+    if not bool(primary.all()):
+        extra = (~primary).nonzero().squeeze(-1)
+        scored = selective_log_softmax(flat_logits[keys[extra]], targets[extra], temperature=temperature)
+        values = torch.where(primary, values, torch.zeros_like(values).index_put((extra,), scored))
+    valid = valid.to(device)
+    logps = torch.zeros(valid.shape, dtype=values.dtype, device=device).masked_scatter(valid, values)
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            ent = entropy_from_logits(logits, temperature=temperature).view(-1)[keys]
+            entropy = torch.zeros(valid.shape, dtype=ent.dtype, device=device).masked_scatter(valid, ent)
+    return logps, valid, entropy
