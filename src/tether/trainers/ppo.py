@@ -58,6 +58,7 @@ from tether.trainers.rl import (
     RLDataConfig,
     RLTrainer,
     RolloutConfig,
+    UpdateLayoutConfig,
 )
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class PPORolloutConfig(RolloutConfig):
     group_size: int = Field(1, ge=1, description="completions per prompt (PPO's critic is the baseline: 1)")
 
 
-class PPOConfig(StageConfig):
+class PPOConfig(UpdateLayoutConfig, StageConfig):
     """PPO with a critic. ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
 
     type: Literal["ppo"] = "ppo"
@@ -117,11 +118,6 @@ class PPOConfig(StageConfig):
     clip: ClipConfig = Field(default_factory=ClipConfig)
     entropy_coef: float = 0.0
     ppo_epochs: int = Field(4, ge=1, description="passes over each rollout batch")
-    mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
-    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
-    row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: bool = Field(True, description="completions of the same prompt share it in the update "
-                                                   "forward (sdpa / eager attention; others ignore it)")
     sample_every: int = Field(10, ge=1)
 
     @model_validator(mode="after")

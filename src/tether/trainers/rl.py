@@ -135,7 +135,17 @@ class RewardConfig(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-class GRPOConfig(StageConfig):
+class UpdateLayoutConfig(StrictModel):
+    """How a rollout batch is cut and laid out for the policy update (the RL and PPO trainers)."""
+
+    mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
+    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
+    row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
+    prefix_sharing: bool = Field(True, description="the update forward computes a prompt shared by a group's "
+                                                   "completions once (sdpa / eager attention; others ignore it)")
+
+
+class GRPOConfig(UpdateLayoutConfig, StageConfig):
     """Critic-free RL. ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
 
     type: Literal["grpo"] = "grpo"
@@ -154,11 +164,6 @@ class GRPOConfig(StageConfig):
     clip: ClipConfig = Field(default_factory=ClipConfig)
     entropy_coef: float = 0.0
     num_iterations: int = Field(1, ge=1, description="passes over each rollout batch (GRPO's mu)")
-    mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
-    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
-    row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: bool = Field(True, description="the update forward computes a prompt shared by a group's "
-                                                   "completions once (sdpa / eager attention; others ignore it)")
     overlong: OverlongConfig | None = None
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     sample_every: int = Field(10, ge=1)
