@@ -4,8 +4,9 @@ not HTTP, trickles bytes past the timeout, or sends JSON of the wrong shape. The
 ``OpenAIEngine``, which ``EndpointJudgeBackend`` uses) must retry what is transient within its budget and
 end with an ``EndpointError`` that says what happened, never hang and never raise from ``http.client``.
 
-The cases marked ``xfail(strict=True)`` are gaps found here and reported to the engine's owners; each turns
-into a failure (a reminder to drop the mark) once the engine handles it.
+The gaps these tests first found (a body cut short or a reply that is not HTTP escaping unretried,
+choices of the wrong shape returned as completions, a trickling server holding an attempt past the
+timeout) are fixed in the engine and tested here.
 """
 
 import json
@@ -153,25 +154,18 @@ def test_a_server_that_is_not_there_fails_within_the_budget():
         engine.complete(["x"], SamplingParams())
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="gap (issue 7): http.client.IncompleteRead from a body "
-                   "cut short is not an OSError, so it escapes OpenAIEngine._post unretried")
 def test_a_body_cut_short_mid_stream_is_retried(raw_server):
     server = raw_server(["truncate"])
     engine = OpenAIEngine(server.base_url, "m", **FAST)
     assert engine.complete(["x"], SamplingParams()).texts == ["ok"]
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="gap (issue 7): a reply that is not HTTP raises "
-                   "http.client.BadStatusLine, not an OSError, so it escapes OpenAIEngine._post unretried")
 def test_a_reply_that_is_not_http_is_retried(raw_server):
     server = raw_server(["not_http"])
     engine = OpenAIEngine(server.base_url, "m", **FAST)
     assert engine.complete(["x"], SamplingParams()).texts == ["ok"]
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="gap (issue 7): choices that are not objects raise "
-                   "AttributeError in _to_text_rollout, and a text that is not a string is returned as the "
-                   "completion; neither counts as a bad response and is retried")
 @pytest.mark.parametrize("fault", ["bad_choices", "text_not_string"])
 def test_json_of_the_wrong_shape_is_a_bad_response(raw_server, fault):
     server = raw_server([fault])
@@ -180,8 +174,6 @@ def test_json_of_the_wrong_shape_is_a_bad_response(raw_server, fault):
     assert engine.stats["bad_responses"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="gap (issue 7): `timeout` bounds each socket read, not the request, so a "
-                   "server that trickles bytes holds an attempt far past it")
 def test_a_trickling_server_is_cut_off_at_the_timeout(raw_server):
     server = raw_server(["trickle"])
     engine = OpenAIEngine(server.base_url, "m", **{**FAST, "timeout": 0.3, "max_retries": 0})

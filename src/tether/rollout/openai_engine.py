@@ -4,7 +4,7 @@
 ``chat=True``), ``concurrency`` at a time from a thread pool, with the Python standard library's
 ``urllib`` (no extra dependency). What makes it usable for judges and teachers over a flaky network:
 
-- **timeouts** per request (``timeout`` seconds);
+- **timeouts**: ``timeout`` seconds bound each socket read and the whole response body;
 - **retries with exponential backoff**: connection errors, timeouts, HTTP 408 / 409 / 425 / 429 and
   5xx, and replies that are not the JSON an OpenAI endpoint sends are retried ``max_retries`` times,
   waiting ``backoff * 2**attempt`` seconds (or the server's ``Retry-After``, at most ``max_backoff``);
@@ -28,6 +28,7 @@ unknown (NaN), so a trainer that needs the exact sampled tokens must not use it.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -190,9 +191,10 @@ class OpenAIEngine:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.base_url + route, data=json.dumps(body).encode(), headers=headers,
                                          method="POST")
+        deadline = time.monotonic() + self.timeout
         try:
             with self._opener.open(request, timeout=self.timeout) as reply:
-                raw = reply.read()
+                raw = _read_until(reply, deadline, self.timeout)
         except urllib.error.HTTPError as err:
             message = _error_message(err)
             if err.code in RETRY_STATUS or err.code >= 500:
@@ -200,10 +202,14 @@ class OpenAIEngine:
             raise EndpointError(f"{self.base_url}{route}: HTTP {err.code}: {message}") from None
         except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out, DNS
             raise _Retryable(f"{type(err).__name__}: {getattr(err, 'reason', err)}", None) from None
+        except http.client.HTTPException as err:  # a body cut short, a reply that is not HTTP
+            raise _Retryable(f"{type(err).__name__}: {err!r}"[:300], None) from None
         try:
             response = json.loads(raw)
             if not isinstance(response, dict) or not isinstance(response.get("choices"), list):
                 raise ValueError("no 'choices' list")
+            for choice in response["choices"]:
+                _choice_text(choice)
         except ValueError as err:
             self._count("bad_responses")
             raise _Retryable(f"not an OpenAI-style JSON response ({err}): {raw[:200]!r}", None) from None
@@ -263,10 +269,7 @@ class OpenAIEngine:
                                     f"{len(choices)}")
             for k, choice in enumerate(choices):
                 i = first + k // n
-                text = choice.get("text")
-                if text is None:
-                    text = (choice.get("message") or {}).get("content") or ""
-                texts.append(text)
+                texts.append(_choice_text(choice))
                 reasons.append("length" if choice.get("finish_reason") == "length" else "stop")
                 index.append(i)
             first += count
@@ -286,6 +289,35 @@ class OpenAIEngine:
         return Rollout(prompt_ids=[list(prompts[i]) for i in out.prompt_index], completion_ids=ids,
                        completion_logprobs=[[math.nan] * len(c) for c in ids], finish_reasons=out.finish_reasons,
                        prompt_index=out.prompt_index, texts=out.texts)
+
+
+def _read_until(reply: Any, deadline: float, timeout: float) -> bytes:
+    """The reply body, given up at ``deadline``: ``timeout`` alone bounds each socket read, so a server
+    sending a byte at a time could otherwise hold an attempt indefinitely."""
+    parts = []
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the response was not complete after {timeout:g} s")
+        chunk = reply.read1(65536)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def _choice_text(choice: Any) -> str:
+    """A choice's completion text (``text``, or a chat ``message.content``; None counts as empty);
+    ValueError for a choice of the wrong shape."""
+    if not isinstance(choice, dict):
+        raise ValueError(f"a choice is {type(choice).__name__}, not an object")
+    text = choice.get("text")
+    if text is None:
+        message = choice.get("message")
+        if message is not None and not isinstance(message, dict):
+            raise ValueError("a choice's 'message' is not an object")
+        text = (message or {}).get("content") or ""
+    if not isinstance(text, str):
+        raise ValueError(f"a choice's text is {type(text).__name__}, not a string")
+    return text
 
 
 def _error_message(err: urllib.error.HTTPError) -> str:
