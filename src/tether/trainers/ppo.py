@@ -37,7 +37,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tether.config import StageConfig, StrictModel, known_name
 from tether.core.advantages import AdvantageInputs, compute_advantages
-from tether.core.aggregation import LOSS_AGGREGATIONS, masked_mean, num_seqs, num_tokens
+from tether.core.aggregation import LOSS_AGGREGATIONS, masked_mean
 from tether.core.kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 from tether.core.policy_loss import POLICY_LOSSES, value_loss_clipped
 from tether.data import tokenize_prompts
@@ -327,15 +327,8 @@ class PPOTrainer(RLTrainer):
     def update(self, rollout: Rollout, mask: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
                old: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
         """``ppo_epochs`` passes of ``mini_batches`` optimiser steps; the last step's metrics."""
-        cfg = self.config
-        out: dict[str, float] = {}
-        shuffle = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)  # a pure function of the step
-        for _ in range(cfg.ppo_epochs):
-            for minibatch in torch.randperm(len(rollout), generator=shuffle).chunk(cfg.mini_batches):
-                denominators = {"global_tokens": self.global_count(num_tokens(mask[minibatch])),
-                                "global_seqs": self.global_count(num_seqs(mask[minibatch]))}
-                out = self.optimizer_step(self.micro_batches(minibatch), lambda rows, d=denominators: self.loss(
-                    rollout, rows, mask, advantages, returns, old, old_values, d))
+        out = self.minibatch_updates(mask, self.config.ppo_epochs, lambda rows, d: self.loss(
+            rollout, rows, mask, advantages, returns, old, old_values, d))
         out["lr/critic"] = self.scheduler.get_last_lr()[-1]
         return out
 

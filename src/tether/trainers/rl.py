@@ -19,6 +19,7 @@ import copy
 import logging
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -417,15 +418,8 @@ class RLTrainer(Trainer):
         if "running_baseline" in adv.state:
             self.running_baseline = adv.state["running_baseline"]
 
-        update_metrics: dict[str, float] = {}
-        shuffle = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)  # a pure function of the step
-        for _ in range(cfg.num_iterations):
-            for minibatch in torch.randperm(len(rollout), generator=shuffle).chunk(cfg.mini_batches):
-                denominators = {"global_tokens": self.global_count(num_tokens(mask[minibatch])),
-                                "global_seqs": self.global_count(num_seqs(mask[minibatch]))}
-                update_metrics = self.optimizer_step(
-                    self.micro_batches(minibatch),
-                    lambda rows, d=denominators: self.loss(rollout, rows, mask, adv.advantages, old, ref, d))
+        update_metrics = self.minibatch_updates(
+            mask, cfg.num_iterations, lambda rows, d: self.loss(rollout, rows, mask, adv.advantages, old, ref, d))
 
         elapsed = time.perf_counter() - start
         lengths = mask.new_tensor([len(c) for c in rollout.completion_ids])
@@ -443,6 +437,21 @@ class RLTrainer(Trainer):
                 {"prompt": self.records[indices[rollout.prompt_index[i]]]["prompt"],
                  "completion": rollout.texts[i], "reward": float(rewards[i])} for i in range(min(8, len(rollout)))])
         return metrics
+
+    def minibatch_updates(self, mask: torch.Tensor, passes: int,
+                          loss: Callable[[torch.Tensor, dict[str, float]], tuple[torch.Tensor, dict]]
+                          ) -> dict[str, float]:
+        """``passes`` passes over the rollout's rows (``mask`` is (N, C)), each in ``mini_batches``
+        shuffled minibatches of one optimiser step; ``loss(rows, denominators)`` with the minibatch's
+        global token and sequence counts. Returns the last step's metrics."""
+        out: dict[str, float] = {}
+        shuffle = torch.Generator().manual_seed(self.config.train.seed * 7919 + self.step)  # a pure function of the step
+        for _ in range(passes):
+            for minibatch in torch.randperm(mask.shape[0], generator=shuffle).chunk(self.config.mini_batches):
+                denominators = {"global_tokens": self.global_count(num_tokens(mask[minibatch])),
+                                "global_seqs": self.global_count(num_seqs(mask[minibatch]))}
+                out = self.optimizer_step(self.micro_batches(minibatch), lambda rows, d=denominators: loss(rows, d))
+        return out
 
     def advantages(self, rollout: Rollout, inputs: AdvantageInputs) -> AdvantageOutputs:
         """The configured estimator; a subclass may add terms that need the rollout (the agent
