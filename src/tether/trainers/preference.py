@@ -405,14 +405,17 @@ class PreferenceTrainer(Trainer):
         """Summed completion log-probs of chosen and of rejected under the current weights, in chunks
         laid out as in training (a pair's common prefix shared)."""
         self.model.eval()
-        chosen, rejected = [], []
+        data = self.config.data
+        out = []
         for chunk in chunks(list(pairs), self.config.train.batch_size):
-            inputs = self.pair_inputs(chunk, None, None)
-            chosen.append(inputs.chosen_logps.cpu())
-            rejected.append(inputs.rejected_logps.cpu())
-        if not chosen:
+            tok, mask = pair_token_logps(self.model, chunk, row_tokens=data.pack_length,
+                                         pad_token_id=self.tokenizer.pad_token_id, packing=data.packing,
+                                         prefix_sharing=data.prefix_sharing)
+            out.append(sequence_logprobs(tok, mask, average=False).cpu().view(2, -1))
+        if not out:
             return torch.zeros(0), torch.zeros(0)
-        return torch.cat(chosen), torch.cat(rejected)
+        chosen, rejected = torch.cat(out, dim=1)
+        return chosen, rejected
 
     def prepare_reference(self, *, use_cache: bool) -> None:
         """Reference log-probs of every training and held-out sequence, from the initial weights.
