@@ -54,7 +54,7 @@ from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters
 from tether.trainers.preference import PreferenceLossConfig, loss_beta, pair_inputs, pair_loss, paired_loss_fn
 from tether.trainers.reward import BatchSchedule, PreferenceTaskSource, chunks, tokenize_pairs
-from tether.trainers.rl import RewardConfig, RLDataConfig, rl_prompt_records
+from tether.trainers.rl import RewardConfig, RLDataConfig, SamplingConfig, rl_prompt_records
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,8 @@ ROUNDS_DIR = "rounds"
 REFERENCE_FILE = "reference_logps.pt"
 
 
-class OnlineRolloutConfig(StrictModel):
+class OnlineRolloutConfig(SamplingConfig):
     samples: int = Field(4, ge=2, description="K responses per prompt")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(64, ge=1)
-    stop: list[str] = Field(default_factory=list)
-    engine_batch_size: int | None = Field(None, ge=1)
 
 
 class ScorerConfig(StrictModel):

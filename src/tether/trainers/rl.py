@@ -68,14 +68,19 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class RolloutConfig(StrictModel):
-    group_size: int = Field(8, ge=1, description="completions per prompt")
+class SamplingConfig(StrictModel):
+    """How completions are sampled (the RL and the online preference trainers' rollouts)."""
+
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(64, ge=1)
     stop: list[str] = Field(default_factory=list)
     engine_batch_size: int | None = Field(None, ge=1)
+
+
+class RolloutConfig(SamplingConfig):
+    group_size: int = Field(8, ge=1, description="completions per prompt")
     mask_truncated: bool = Field(False, description="no loss on completions cut at max_new_tokens (DAPO)")
     engine: Literal["hf", "vllm", "ray"] = Field("hf", description="hf: in process; vllm: colocated on the GPU "
                                                  "(extra tether[vllm]); ray: rollout workers (extra tether[ray])")
