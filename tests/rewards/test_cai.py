@@ -4,7 +4,6 @@ rule-based judge, and over HTTP), position-swapped labels with the judge's biase
 import re
 
 import pytest
-import torch
 
 from tether.models import build_tiny
 from tether.rewards import RewardComposer, RewardSpec
@@ -32,12 +31,7 @@ PROMPTS = [prompt_text("opal", "spell the secret"), prompt_text("jade", "swap ca
 ANSWERS = ["o-p-a-l", "dog cat", "The secret is ruby."]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
 
 class Spy:

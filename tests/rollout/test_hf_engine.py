@@ -14,13 +14,7 @@ EOS = 2
 TEXTS = ["hello", "what is 2+2?", "a", "The quick brown fox jumps"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model is fastest on one thread, and two OpenMP threads on a busy 2-core box crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
 
 @pytest.fixture

@@ -10,13 +10,7 @@ from tether.models.loading import apply_lora
 from tether.models.tiny import build_tiny
 from tether.rollout import HFEngine, SamplingParams, static_decoder
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
 
 def _arch(name: str):

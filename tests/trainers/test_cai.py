@@ -6,7 +6,6 @@ judge's score."""
 import json
 
 import pytest
-import torch
 
 from tether.models import build_tiny
 from tether.stages import train_grpo
@@ -17,12 +16,7 @@ RULES = {"backend": "callable", "model": "tether.tasks.secret:rule_judge"}
 QUIET = {"progress": False, "log_every": 1}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
 
 def test_sl_cai_keeps_the_chain_and_fine_tunes_on_the_revisions(tmp_path, scripted_engine):

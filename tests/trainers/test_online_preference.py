@@ -14,13 +14,7 @@ from tether.rollout import OpenAIEngine, Rollout
 from tether.serve import BackgroundServer, create_app
 from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer, train_online_dpo
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
 
 def digit_fraction(prompts, completions, **columns):

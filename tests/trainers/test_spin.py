@@ -9,13 +9,7 @@ import torch
 from tether.models import build_tiny
 from tether.trainers.spin import SPINConfig, SPINTrainer, spin_pairs, spin_records, train_spin
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
 
 def config(**overrides):
