@@ -48,7 +48,7 @@ from tether.rewards.judge import JudgeConfig, PairwiseJudge, as_backend, build_j
 from tether.rollout import HFEngine, SamplingParams
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.metrics import MetricsLogger
-from tether.trainers.rl import RewardConfig, RLDataConfig, rl_prompt_records
+from tether.trainers.rl import RewardConfig, RLDataConfig, prompt_texts
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +164,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _prompts(cfg: SLCAIConfig | AILabelsConfig, records: list[dict] | None) -> tuple[list[dict], list[str]]:
-    records = records if records is not None else rl_prompt_records(cfg.data)
-    if not records:
-        raise ValueError(f"stage {cfg.name!r}: no prompts")
-    return records, [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in records]
+    return prompt_texts(cfg.data, records, cfg.name)
 
 
 @torch.no_grad()

@@ -43,7 +43,6 @@ import torch
 from pydantic import Field, model_validator
 
 from tether.config import StageConfig, StrictModel
-from tether.data import tokenize_prompts
 from tether.pipeline import register_stage
 from tether.rewards import RewardComposer, RewardSpec
 from tether.rewards.judge import JudgeConfig, PairwiseJudge, build_judge, judge_records
@@ -54,7 +53,7 @@ from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters
 from tether.trainers.preference import PreferenceLossConfig, loss_beta, pair_inputs, pair_loss, paired_loss_fn
 from tether.trainers.reward import BatchSchedule, PreferenceTaskSource, chunks, tokenize_pairs
-from tether.trainers.rl import RewardConfig, RLDataConfig, SamplingConfig, rl_prompt_records
+from tether.trainers.rl import RewardConfig, RLDataConfig, SamplingConfig, training_prompts
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +213,7 @@ class OnlinePreferenceTrainer(Trainer):
                  stage: str | None = None) -> None:
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
-        self.records = records if records is not None else rl_prompt_records(cfg.data)
-        if not self.records:
-            raise ValueError(f"stage {self.stage!r}: no prompts")
-        self.prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in self.records]
-        self.prompt_ids = tokenize_prompts(self.prompts, tokenizer, chat=cfg.data.chat)
+        self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
         self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
         self.reward_functions, self.judge = reward_functions, judge
         self.scorer: Scorer | None = None

@@ -203,6 +203,22 @@ def rl_prompt_records(data: RLDataConfig) -> list[dict]:
     return rl_records(get_task(source.name, **source.options), source.n, seed=source.seed)
 
 
+def prompt_texts(data: RLDataConfig, records: list[dict] | None, stage: str | None) -> tuple[list[dict], list[str]]:
+    """The records (given, or from ``data``) and their prompts through ``data.prompt_template``; an
+    empty set is an error."""
+    records = records if records is not None else rl_prompt_records(data)
+    if not records:
+        raise ValueError(f"stage {stage!r}: no prompts")
+    return records, [data.prompt_template.format(prompt=r["prompt"]) for r in records]
+
+
+def training_prompts(data: RLDataConfig, records: list[dict] | None, tokenizer: Any, stage: str
+                     ) -> tuple[list[dict], list[str], list[list[int]]]:
+    """:func:`prompt_texts` and the prompts' token ids (chat-templated with ``data.chat``)."""
+    records, prompts = prompt_texts(data, records, stage)
+    return records, prompts, tokenize_prompts(prompts, tokenizer, chat=data.chat)
+
+
 def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
                         temperature: float, row_tokens: int, pad_token_id: int, with_entropy: bool = False,
                         entropy_grad: bool = False, share_prompts: bool = True
@@ -230,11 +246,7 @@ class RLTrainer(Trainer):
                  stage: str | None = None) -> None:
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
-        self.records = records if records is not None else rl_prompt_records(cfg.data)
-        if not self.records:
-            raise ValueError(f"stage {self.stage!r}: no prompts")
-        self.prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in self.records]
-        self.prompt_ids = tokenize_prompts(self.prompts, tokenizer, chat=cfg.data.chat)
+        self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
         self.engine = build_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.engine_batch_size,
                                    workers=cfg.rollout.workers, options=cfg.rollout.engine_options,
                                    worker_model=cfg.model.model_dump(exclude={"lora", "device"}))
