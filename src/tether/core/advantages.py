@@ -227,7 +227,7 @@ def reinforce(inputs: AdvantageInputs, *, baseline_momentum: float = 0.9) -> Adv
     if inputs.running_baseline is None:
         baseline = batch_mean
     else:
-        baseline = inputs.running_baseline.detach().to(torch.float32).reshape(())
+        baseline = inputs.running_baseline.detach().to(rewards.device, torch.float32).reshape(())
     advantages = _broadcast(rewards - baseline, mask)
     new_baseline = baseline_momentum * baseline + (1.0 - baseline_momentum) * batch_mean
     return AdvantageOutputs(

@@ -206,8 +206,8 @@ class AgentRLTrainer(RLTrainer):
     def advantages(self, rollout: AgentRollout, inputs: AdvantageInputs) -> AdvantageOutputs:
         out = super().advantages(rollout, inputs)
         if self.config.gigpo is not None:
-            step = gigpo_token_advantages(rollout.trajectories, inputs.rewards, inputs.group_size,
-                                          inputs.mask.shape[1], self.config.gigpo)
+            step = gigpo_token_advantages(rollout.trajectories, inputs.rewards.cpu(), inputs.group_size,
+                                          inputs.mask.shape[1], self.config.gigpo).to(inputs.mask.device)
             out.advantages = out.advantages + self.config.gigpo.weight * step * (inputs.mask != 0)
         return out
 

@@ -166,6 +166,11 @@ class Trainer:
                                     enabled=self.dist.is_main, config=config.model_dump(mode="json"))
         self.results: dict[str, float] = {}
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are: batches are built on CPU and moved here."""
+        return next(self.model.parameters()).device
+
     # ---- what subclasses implement ------------------------------------------------------------
     def total_updates(self) -> int:
         """Optimiser updates in the whole run (the schedule's length); one per step by default."""

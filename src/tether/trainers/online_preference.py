@@ -430,7 +430,7 @@ class OnlinePreferenceTrainer(Trainer):
 
     # ---- the step ------------------------------------------------------------------------------------------
     def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
-        device = next(self.model.parameters()).device
+        device = self.device
         ref_c = self.ref["chosen"][idx].to(device) if self.ref is not None else None
         ref_r = self.ref["rejected"][idx].to(device) if self.ref is not None else None
         inputs = self._inputs(self.model, [self.pairs[i] for i in idx], ref_c, ref_r, wpo=self.config.wpo)

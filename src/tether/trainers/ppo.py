@@ -274,8 +274,10 @@ class PPOTrainer(RLTrainer):
         start = time.perf_counter()
         indices, rollout, scores, metrics = self.collect()
         gen_time = time.perf_counter() - start
-        mask = rollout.to_padded(self.tokenizer.pad_token_id)["completion_mask"].float()
-        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons])
+        device = self.device  # scores, masks and flags sit beside the log-probs and values
+        mask = rollout.to_padded(self.tokenizer.pad_token_id, device)["completion_mask"].float()
+        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons], device=device)
+        scores = scores.to(device)
         valid = ~torch.isnan(scores)
         mask = mask * valid.float()[:, None]
         old = self.frozen_logprobs(rollout, reference=False)
@@ -385,7 +387,7 @@ class PPOTrainer(RLTrainer):
             for name, composer in (("proxy", self.rewards), ("gold", self.gold)):
                 if composer is not None:
                     figures[name + suffix] = float(composer.score(prompt_of, rollout.texts, columns).total.nanmean())
-        mask = sampled.to_padded(self.tokenizer.pad_token_id)["completion_mask"].float()
+        mask = sampled.to_padded(self.tokenizer.pad_token_id, self.device)["completion_mask"].float()
         kl = kl_penalty(self.frozen_logprobs(sampled, reference=False),
                         self.frozen_logprobs(sampled, reference=True), "k1")
         figures["kl"] = float((kl * mask).sum(1).mean())

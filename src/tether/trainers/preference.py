@@ -472,7 +472,7 @@ class PreferenceTrainer(Trainer):
                            packing=data.packing, prefix_sharing=data.prefix_sharing)
 
     def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
-        device = next(self.model.parameters()).device
+        device = self.device
         inputs = self.pair_inputs([self.examples[i] for i in idx], self._ref("train_chosen", idx, device),
                                   self._ref("train_rejected", idx, device))
         loss, metrics = pair_loss(self.loss, self.config.loss, inputs)

@@ -363,7 +363,7 @@ class RLTrainer(Trainer):
             greedy = self.engine.generate([self.prompt_ids[i] for i in indices],
                                           SamplingParams(greedy=True, max_new_tokens=self.config.rollout.max_new_tokens))
         baseline, _ = self.score(indices, greedy)
-        return baseline.nan_to_num(0.0).repeat_interleave(self.config.rollout.group_size)
+        return baseline.nan_to_num(0.0).repeat_interleave(self.config.rollout.group_size).to(self.device)
 
     # ---- log-probs -------------------------------------------------------------------------------
     def logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *,
@@ -409,9 +409,10 @@ class RLTrainer(Trainer):
         with full_parameters(self.model):  # FSDP2: whole weights while this rank decodes its share
             indices, rollout, rewards, metrics = self.collect()
         gen_time = time.perf_counter() - start
-        padded = rollout.to_padded(self.tokenizer.pad_token_id)
-        mask = padded["completion_mask"].float()
-        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons])
+        device = self.device  # rewards, masks and flags sit beside the log-probs
+        mask = rollout.to_padded(self.tokenizer.pad_token_id, device)["completion_mask"].float()
+        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons], device=device)
+        rewards = rewards.to(device)
         valid = ~torch.isnan(rewards)
         if cfg.rollout.mask_truncated:
             mask = mask * (~truncated).float()[:, None]

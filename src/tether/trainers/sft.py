@@ -86,7 +86,7 @@ class SFTTrainer(Trainer):
         return batches[offset * accum:(offset + 1) * accum]
 
     def loss_fn(self, batch: dict, denominator: float) -> tuple[torch.Tensor, dict]:
-        device = next(self.model.parameters()).device  # batches are built on CPU
+        device = self.device  # batches are built on CPU
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         logits = self.model(**model_inputs(batch)).logits
         return next_token_loss(logits, batch["labels"], denominator=denominator)
