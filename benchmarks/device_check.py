@@ -10,7 +10,8 @@ CI has no GPU, so this is how the device paths are checked by hand on a machine 
    steps, 4 examples and 4 evaluation prompts: a recipe passes when it exits 0 with its
    ``results.json`` written, or when it stops at one of its data guards (a model trained for two
    steps writes nothing a verifier keeps, so the distillation corpus is empty) after the stages
-   before it ran;
+   before it ran; and a few variants that take other device paths (GiGPO, LoRA policy with PPO and
+   GRPO, KTO);
 2. the rollout engine on the device: greedy decoding agrees token for token with ``model.generate``
    (float32), and its tokens/s against ``model.generate`` (batch 64, 32 new tokens, sampled, EOS
    ignored, ``--dtype``) on the ``tiny`` and ``small`` models.
@@ -44,6 +45,15 @@ SHRINK = {"train.max_steps": 2, "train.batch_size": 4, "eval.n": 4, "eval.max_ne
 DATA_GUARDS = ("no records", "kept none", "corpus is empty")
 
 
+# variants of a recipe that take other device paths: (label, recipe, overrides)
+VARIANTS = [
+    ("agent-arithmetic+gigpo", "agent-arithmetic", ["grpo.gigpo={weight: 1.0}"]),
+    ("r1-arithmetic+lora", "r1-arithmetic", ["grpo.model.lora={r: 4}"]),
+    ("instructgpt+lora", "instructgpt", ["ppo.model.lora={r: 4}"]),
+    ("dpo-arithmetic+kto", "dpo-arithmetic", ["dpo.loss=kto"]),
+]
+
+
 def shrink_overrides(recipe: str) -> list[str]:
     """``STAGE.key=value`` overrides that cut every stage of ``recipe`` to a trivial size."""
     import tether.stages  # noqa: F401  (registers the stage types)
@@ -63,10 +73,13 @@ def shrink_overrides(recipe: str) -> list[str]:
     return kept
 
 
-def run_recipe(recipe: str, device: str, dtype: str, scratch: Path, timeout: float) -> dict[str, Any]:
-    out = scratch / recipe
+def run_recipe(recipe: str, device: str, dtype: str, scratch: Path, timeout: float,
+               extra: tuple[str, list[str]] | None = None) -> dict[str, Any]:
+    """``tether run`` of ``recipe`` shrunk, on ``device``; ``extra``: (label, more overrides) for a variant."""
+    label, more = extra or (recipe, [])
+    out = scratch / label
     cmd = [sys.executable, "-m", "tether.cli", "run", recipe, "--out", str(out),
-           f"defaults.model.device={device}", f"defaults.model.dtype={dtype}", *shrink_overrides(recipe)]
+           f"defaults.model.device={device}", f"defaults.model.dtype={dtype}", *shrink_overrides(recipe), *more]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -78,9 +91,9 @@ def run_recipe(recipe: str, device: str, dtype: str, scratch: Path, timeout: flo
     last = str(text).strip().splitlines()[-1:] or [""]
     if not ok and any(guard in last[0] for guard in DATA_GUARDS):
         ran = sorted(p.parent.name for p in out.glob("*/stage.json"))
-        return {"check": f"recipe {recipe}", "ok": True, "seconds": round(time.perf_counter() - start, 1),
+        return {"check": f"recipe {label}", "ok": True, "seconds": round(time.perf_counter() - start, 1),
                 "detail": f"stopped at a data guard after stages {', '.join(ran)}: {last[0][:200]}"}
-    return {"check": f"recipe {recipe}", "ok": ok, "seconds": round(time.perf_counter() - start, 1),
+    return {"check": f"recipe {label}", "ok": ok, "seconds": round(time.perf_counter() - start, 1),
             "detail": "" if ok else "\n".join(str(text).splitlines()[-40:])}
 
 
@@ -178,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_recipe, r, args.device, args.dtype, Path(scratch), args.timeout)
                    for r in recipes]
+        futures += [pool.submit(run_recipe, recipe, args.device, args.dtype, Path(scratch), args.timeout,
+                                (label, more)) for label, recipe, more in VARIANTS if recipe in recipes]
         for future in concurrent.futures.as_completed(futures):
             report(future.result())
     args.out.write_text(json.dumps({"environment": env, "checks": rows}, indent=1))
