@@ -110,6 +110,16 @@ def agreement(workload: str, tether: list[float], trl: list[float]) -> dict:
             "difference": diff, "tolerance": f"{kind} {tol}", "ok": diff <= tol}
 
 
+def run_once(workload: str, name: str, model_dir: Path, spec: wl.Spec, threads: int) -> wl.Measurement:
+    """One run of ``workload`` by ``name`` ("tether", "trl" or "model.generate")."""
+    with tempfile.TemporaryDirectory() as scratch:
+        if workload.startswith("generation"):
+            return wl.generation(model_dir, spec, "tether" if name == "tether" else "hf", threads,
+                                 ignore_eos=workload == "generation_fixed", repeats=3)
+        key = "grpo" if workload.startswith("grpo") else workload
+        return wl.TRAINING[key][name](model_dir, spec, Path(scratch), threads)
+
+
 def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int, threads: int) -> list[dict]:
     """Alternate the libraries ``runs`` times; one row per metric of the workload."""
     generation = workload.startswith("generation")
@@ -118,14 +128,7 @@ def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int
     for run in range(runs):
         for name in names if run % 2 == 0 else names[::-1]:
             gc.collect()
-            with tempfile.TemporaryDirectory() as scratch:
-                if generation:
-                    m = wl.generation(model_dir, spec, "tether" if name == "tether" else "hf", threads,
-                                      ignore_eos=workload == "generation_fixed", repeats=3)
-                else:
-                    key = "grpo" if workload.startswith("grpo") else workload
-                    m = wl.TRAINING[key][name](model_dir, spec, Path(scratch), threads)
-                results[name].append(m)
+            results[name].append(run_once(workload, name, model_dir, spec, threads))
             torch.set_num_threads(threads)
     rows = []
     for metric in METRICS[workload]:

@@ -53,3 +53,26 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # same weights, same loss definition: the first SFT losses agree closely even with different batches
     assert sft["trajectory"]["tether_first"] == pytest.approx(sft["trajectory"]["trl_first"], rel=0.05)
     assert out.with_suffix(".md").read_text().count("| tiny |") == len(rows)
+
+
+def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("tether_bench_profile", BENCH / "profile_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    out = tmp_path / "profile.json"
+    try:
+        assert module.main(["--quick", "--models", "tiny", "--workloads", "sft,generation_fixed", "--threads", "1",
+                            "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["workload"], r["baseline"]) for r in rows] == [("sft", "trl"), ("generation_fixed", "model.generate")]
+    for row in rows:
+        ours, theirs = row["tether"], row[row["baseline"]]
+        assert 0 < ours["matmul_s"] <= ours["seconds"] and ours["matmul_gflop"] > 0
+        # the profile is the evidence that both sides did the same matrix work
+        assert ours["matmul_gflop"] == pytest.approx(theirs["matmul_gflop"], rel=0.25)
+        assert row["ceiling"] > 0
+    assert out.with_suffix(".md").read_text().count("| tiny |") == 2 * len(rows)

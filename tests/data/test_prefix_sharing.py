@@ -2,10 +2,14 @@ import pytest
 import torch
 
 from tether.core.logprobs import entropy_from_logits, selective_log_softmax
+import tether.data.prefix_sharing as prefix_sharing
 from tether.data.prefix_sharing import (
+    attention_pair_cost,
     common_prefix_length,
+    layout_cost,
     pack_prefix_groups,
     sequence_token_logprobs,
+    sharing_pays,
     supports_custom_masks,
 )
 from tether.models import build_tiny
@@ -29,6 +33,16 @@ def model():
     torch.manual_seed(0)
     model, _ = build_tiny()
     return model.eval()
+
+
+@pytest.fixture
+def always_share(monkeypatch):
+    """Take the shared layout whatever the cost model says, and count that it was taken."""
+    calls = []
+    original = prefix_sharing.pack_prefix_groups
+    monkeypatch.setattr(prefix_sharing, "sharing_pays", lambda *a, **k: True)
+    monkeypatch.setattr(prefix_sharing, "pack_prefix_groups", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
 
 
 def test_common_prefix_leaves_each_sequence_a_token():
@@ -68,7 +82,7 @@ def test_pads_and_other_groups_are_invisible():
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_log_probs_and_entropy_match_one_forward_per_sequence(model, attn):
+def test_log_probs_and_entropy_match_one_forward_per_sequence(model, attn, always_share):
     model.config._attn_implementation = attn
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (5, 9, 3)]
@@ -89,6 +103,7 @@ def test_log_probs_and_entropy_match_one_forward_per_sequence(model, attn):
                                                         temperature=0.7, row_tokens=32, pad_token_id=0)
     finally:
         model.config._attn_implementation = "sdpa"
+    assert always_share == [1]  # the grouped call was laid out as prefix trees, the other was not
     expected, expected_entropy = one_by_one(model, sequences, first, temperature=0.7)
     for i, (e, h) in enumerate(zip(expected, expected_entropy, strict=True)):
         n = len(e)
@@ -99,7 +114,7 @@ def test_log_probs_and_entropy_match_one_forward_per_sequence(model, attn):
         assert bool((logps[i, n:] == 0).all())
 
 
-def test_gradients_match_one_forward_per_sequence(model):
+def test_gradients_match_one_forward_per_sequence(model, always_share):
     sequences = [[3, 4, 5, 6, 7], [3, 4, 5, 9], [3, 4, 8, 8, 8, 8]]
     first = [2, 2, 2]
     weights = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.2, 0.0], [1.0, 1.0, -1.0]])
@@ -120,6 +135,56 @@ def test_gradients_match_one_forward_per_sequence(model):
 
     for a, b in zip(grads(shared), grads(naive), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert always_share
+
+
+def test_layout_cost_by_hand():
+    # sizes 5, 3, 2 under a 128-token floor: one row of width 10
+    assert layout_cost([5, 3, 2], row_tokens=1024, pair_cost=0.5) == 1 * (10 + 0.5 * 100)
+    # 200 tokens each: rows capped at 400, two rows of width 400
+    assert layout_cost([200, 200, 200, 200], row_tokens=1024, pair_cost=0.0) == 2 * 400
+
+
+def test_attention_pair_cost_by_hand(model):
+    cfg = model.config  # tiny: hidden 128 (4 heads of 32), 4 layers, untied 100-odd-token embeddings
+    weights = sum(p.numel() for p in model.parameters()) - 2 * cfg.vocab_size * cfg.hidden_size
+    assert attention_pair_cost(model) == pytest.approx(2 * 128 / (weights / 4))
+    per_layer = 4 * 128 * 128 + 3 * 128 * 384 + 2 * 128  # q, k, v, o; gate, up, down; two norms
+    assert attention_pair_cost(model) == pytest.approx(2 * 128 / (per_layer + 128 / 4))  # + final norm
+
+
+def test_sharing_pays_for_long_prefixes_not_for_short_ones_on_a_narrow_model(model):
+    g = torch.Generator().manual_seed(0)
+
+    def groups_of(prefix, suffix, members=8, n=8):
+        sequences, groups = [], []
+        for k in range(n):
+            shared = torch.randint(3, 60, (prefix,), generator=g).tolist()
+            for _ in range(members):
+                sequences.append(shared + torch.randint(3, 60, (suffix,), generator=g).tolist())
+                groups.append(k)
+        return sequences, groups
+
+    pair = attention_pair_cost(model)
+    # a GRPO group on the tiny model: 6 prompt tokens, 32-token completions. Sharing saves 42 tokens a
+    # group but makes a 262-token dense block: more attention than it saves
+    assert not sharing_pays(*groups_of(6, 32), row_tokens=1024, pair_cost=pair)
+    # a DPO pair: a 30-token prompt and answer start, 15-token suffixes
+    assert sharing_pays(*groups_of(30, 15, members=2, n=16), row_tokens=1024, pair_cost=pair)
+    # on a wide model (attention cheap against the weights) the GRPO group pays too
+    assert sharing_pays(*groups_of(6, 32), row_tokens=1024, pair_cost=pair / 4)
+
+
+def test_the_cost_model_picks_the_layout(model, monkeypatch):
+    calls = []
+    original = prefix_sharing.pack_prefix_groups
+    monkeypatch.setattr(prefix_sharing, "pack_prefix_groups", lambda *a, **k: calls.append(1) or original(*a, **k))
+    long_prefix = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]]
+    sequence_token_logprobs(model, long_prefix, first_targets=[1, 1], groups=[0, 0], row_tokens=64, pad_token_id=0)
+    assert calls == [1]
+    monkeypatch.setattr(prefix_sharing, "sharing_pays", lambda *a, **k: False)
+    sequence_token_logprobs(model, long_prefix, first_targets=[1, 1], groups=[0, 0], row_tokens=64, pad_token_id=0)
+    assert calls == [1]
 
 
 def test_models_without_custom_masks_fall_back_to_plain_packing(model, monkeypatch):

@@ -79,6 +79,49 @@ class PrefixPacked:
                 "use_cache": False}
 
 
+def _segments(sequences: Sequence[Sequence[int]], groups: Sequence[Any]
+              ) -> tuple[list[list[int]], list[int], list[int]]:
+    """The groups' members (in first-seen order), their common prefix lengths and segment sizes."""
+    members: dict[Any, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    segments = list(members.values())
+    prefixes = [common_prefix_length([sequences[i] for i in seg]) for seg in segments]
+    sizes = [p + sum(len(sequences[i]) - p for i in seg) for seg, p in zip(segments, prefixes, strict=True)]
+    return segments, prefixes, sizes
+
+
+def attention_pair_cost(model: torch.nn.Module) -> float:
+    """FLOPs of one query-key pair of attention per FLOP of one token through a layer's weights:
+    ``4 * heads * head_dim / (2 * weights per layer)`` (scores and weighted values against the
+    matrix products). Small on wide models, large on narrow ones."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", 1) or 1
+    heads = getattr(config, "num_attention_heads", 1)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    embeddings = model.get_input_embeddings().weight.numel() if hasattr(model, "get_input_embeddings") else 0
+    per_layer = max(sum(p.numel() for p in model.parameters()) - 2 * embeddings, 1) / layers
+    return 2 * heads * head_dim / per_layer
+
+
+def layout_cost(sizes: Sequence[int], row_tokens: int, pair_cost: float) -> float:
+    """The relative cost of a forward over items of ``sizes`` packed into rows: every row position
+    through the weights (padding included) plus ``pair_cost`` per query-key pair of its dense mask."""
+    bins = pack_bins(sizes, row_capacity(sizes, row_tokens))
+    width = max(sum(sizes[i] for i in b) for b in bins)
+    return len(bins) * (width + pair_cost * width**2)
+
+
+def sharing_pays(sequences: Sequence[Sequence[int]], groups: Sequence[Any], *, row_tokens: int,
+                 pair_cost: float) -> bool:
+    """Whether the prefix-shared layout is cheaper than plain packing. Sharing saves ``P * (members -
+    1)`` tokens per group but makes one dense attention block of the whole tree: with short prefixes
+    on a narrow model (a GRPO group on the tiny model) the larger attention costs more than it saves."""
+    _, _, shared_sizes = _segments(sequences, groups)
+    plain_sizes = [len(s) for s in sequences]
+    return layout_cost(shared_sizes, row_tokens, pair_cost) < layout_cost(plain_sizes, row_tokens, pair_cost)
+
+
 def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int] | None, *, row_tokens: int,
                        pad_token_id: int) -> PrefixPacked:
     """Pack ``sequences``; those with the same ``groups`` id share their common prefix (None: no sharing)."""
@@ -88,12 +131,7 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
         groups = range(len(sequences))
     if len(groups) != len(sequences):
         raise ValueError(f"{len(groups)} group ids for {len(sequences)} sequences")
-    members: dict[Any, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        members[g].append(i)
-    segments = list(members.values())
-    prefixes = [common_prefix_length([sequences[i] for i in seg]) for seg in segments]
-    sizes = [p + sum(len(sequences[i]) - p for i in seg) for seg, p in zip(segments, prefixes, strict=True)]
+    segments, prefixes, sizes = _segments(sequences, groups)
     bins = pack_bins(sizes, row_capacity(sizes, row_tokens))
     width = max(sum(sizes[s] for s in b) for b in bins)
     n_rows = len(bins)
@@ -140,8 +178,8 @@ def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence
     ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
     ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
     from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
-    ``groups`` id share their common prefix when the model takes custom masks; otherwise (or with
-    ``groups=None``) they are packed side by side.
+    ``groups`` id share their common prefix when the model takes custom masks and
+    :func:`sharing_pays`; otherwise (or with ``groups=None``) they are packed side by side.
     """
     from tether.core.logprobs import entropy_from_logits, selective_log_softmax
     from tether.data.packing import pack_sequences
@@ -151,7 +189,8 @@ def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence
     first = torch.as_tensor(list(first_targets), dtype=torch.long)
     if bool((first < 1).any()) or bool((first > lengths).any()):
         raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
-    if groups is not None and supports_custom_masks(model):
+    if (groups is not None and supports_custom_masks(model)
+            and sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model))):
         packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
         inputs, rows, columns = packed.model_inputs(model), packed.rows, packed.columns
     else:

@@ -1,0 +1,133 @@
+"""Where the time goes, tether against TRL (or ``model.generate``), under ``torch.profiler``.
+
+    python benchmarks/profile_ops.py [--threads N] [--models tiny,small] [--workloads sft,dpo,...]
+                                 [--out benchmarks/profile_ops.json] [--quick]
+
+The same workloads and sizes as ``run.py``, one run per side under the profiler with FLOP counting.
+Per side: the seconds of the ``train()`` call (or of the decode loop), the time in matrix products
+(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``: self CPU time, with the FLOPs the profiler
+counts for them), the time in fused attention (``scaled_dot_product_*``) and the rest (element-wise
+kernels, the optimiser, Python). The profiler's own overhead inflates every figure, so read shares
+and FLOPs here and speeds in ``run.py``.
+
+The **ceiling** of a workload is the speed ratio tether would reach if it did nothing but its matrix
+products, at the baseline's matmul rate: (the baseline's matmul FLOPs per unit of work / tether's) /
+(the baseline's matmul share of its time); units as ``run.py`` reports them (tokens, pairs,
+completions). It uses each side's own FLOP counts and the baseline's own time split, so it does not
+depend on the two runs meeting the same load on a shared machine. Where the ceiling is below a
+target, removing overhead cannot meet it at those FLOPs; where it is above, the time outside the
+matrix products (element-wise kernels, attention, the optimiser, Python) is what stands between.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from run import METRICS, SPECS, WORKLOADS, run_once  # noqa: E402
+
+from tether.models.tiny import save_tiny  # noqa: E402
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+TARGETS = {("tiny", "sft"): 2.0, ("tiny", "dpo"): 2.0, ("tiny", "grpo"): 2.0, ("small", "sft"): 1.3,
+           ("small", "dpo"): 1.3, ("small", "grpo"): 1.3, ("tiny", "generation"): 1.5,
+           ("small", "generation"): 1.5}
+
+
+def profiled(workload: str, name: str, model_dir: Path, spec, threads: int) -> dict:
+    """One run of ``workload`` by ``name`` under the profiler: seconds, matmul time / FLOPs, attention time."""
+    gc.collect()
+    torch.set_num_threads(threads)
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        measurement = run_once(workload, name, model_dir, spec, threads)
+    events = prof.key_averages()
+    matmul_us = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+    matmul_flops = sum(e.flops or 0 for e in events if e.key in MATMUL_OPS)
+    attention_us = sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key)
+    seconds = measurement.seconds
+    return {"seconds": seconds, "matmul_s": matmul_us / 1e6, "matmul_gflop": matmul_flops / 1e9,
+            "attention_s": attention_us / 1e6,
+            "other_s": max(seconds - (matmul_us + attention_us) / 1e6, 0.0),
+            "units": measurement.units}
+
+
+def ceiling(ours: dict, theirs: dict, unit: str) -> float:
+    """(theirs' matmul FLOPs per unit / ours') / (theirs' matmul share of its time)."""
+    per_unit = (theirs["matmul_gflop"] / theirs["units"][unit]) / max(ours["matmul_gflop"] / ours["units"][unit], 1e-12)
+    return per_unit / max(theirs["matmul_s"] / theirs["seconds"], 1e-9)
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"torch.profiler, {meta['threads']} thread(s), float32, {meta['date']}; one run per side "
+             "(profiler overhead included).", "",
+             "| workload | model | side | seconds | matmul s (share) | matmul GFLOP | matmul GFLOP/s "
+             "| attention s | other s | ceiling (target) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for side in ("tether", r["baseline"]):
+            p = r[side]
+            ceiling = (f"**{r['ceiling']:.2f}x** ({r['target']:.1f}x)" if side == "tether" and r.get("target")
+                       else f"**{r['ceiling']:.2f}x**" if side == "tether" else "")
+            lines.append(f"| {r['workload']} | {r['model']} | {side} | {p['seconds']:.2f} | {p['matmul_s']:.2f} "
+                         f"({p['matmul_s'] / p['seconds']:.0%}) | {p['matmul_gflop']:.1f} | "
+                         f"{p['matmul_gflop'] / max(p['matmul_s'], 1e-9):.0f} | {p['attention_s']:.2f} | "
+                         f"{p['other_s']:.2f} | {ceiling} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/profile_ops.json"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="every workload at a trivial size (smoke test)")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    workloads = [w for w in args.workloads.split(",") if w]
+    for name in workloads:
+        if name not in WORKLOADS:
+            parser.error(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+    for name in models:
+        if name not in SPECS:
+            parser.error(f"unknown model {name!r}; valid: {', '.join(SPECS)}")
+    threads = torch.get_num_threads()
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dirs = {m: save_tiny(Path(tmp) / m, m, seed=0) for m in models}
+            for model in models:
+                for workload in workloads:
+                    spec = SPECS[model][workload][1 if args.quick else 0]
+                    baseline = "model.generate" if workload.startswith("generation") else "trl"
+                    print(f"... {model} {workload}", file=sys.stderr, flush=True)
+                    row = {"workload": workload, "model": model, "baseline": baseline,
+                           "tether": profiled(workload, "tether", model_dirs[model], spec, args.threads),
+                           baseline: profiled(workload, baseline, model_dirs[model], spec, args.threads)}
+                    row["ceiling"] = ceiling(row["tether"], row[baseline], METRICS[workload][0])
+                    row["target"] = TARGETS.get((model, workload.removesuffix("_fixed").removesuffix("_beta0")))
+                    rows.append(row)
+    finally:
+        torch.set_num_threads(threads)
+    meta = {"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "torch": torch.__version__,
+            "quick": args.quick}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    table = markdown(rows, meta)
+    args.out.with_suffix(".md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
