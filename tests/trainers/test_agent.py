@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from tether.data import tokenize_sft
+import tether.data.prefix_sharing as prefix_sharing
+from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
 from tether.models import build_tiny
 from tether.trainers.agent import AgentConfig, AgentRLTrainer, demonstration_records, gigpo_token_advantages
@@ -35,10 +37,13 @@ def trainer(tmp_path, cfg, rewards=(generated_digits,)):
     return AgentRLTrainer(cfg, model, tokenizer, tmp_path, reward_functions=list(rewards))
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["prefix-shared", "plain-packed"])
 @pytest.mark.parametrize("kl", [{"coef": 0.1, "estimator": "k3"}, {"coef": 0.1, "estimator": "k1", "in_reward": True}])
-def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl):
+def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl, share, monkeypatch):
     """One full training step (policy loss, KL, entropy bonus, two passes with old log-probs): the gradient
-    reaching the logits that score observation tokens is exactly zero; the policy's tokens get gradient."""
+    reaching the logits that score observation tokens is exactly zero; the policy's tokens get gradient.
+    Both update layouts: a group's completions sharing their prompt, and side by side."""
+    monkeypatch.setattr(prefix_sharing, "sharing_pays", lambda *a, **k: share)
     t = trainer(tmp_path, config(kl=kl, entropy_coef=0.01, num_iterations=2,
                                  train={"max_steps": 1, "batch_size": 2, "progress": False}))
     captured = []
@@ -57,16 +62,22 @@ def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl):
     rollout = batches[0][1]
     assert len(captured) == len(row_orders) == 2 and sum(sum(m) < len(m) for m in rollout.action_masks) > 0
     for logits, order in zip(captured, row_orders, strict=True):
-        # the update forward's layout: each group's completions share their common prefix
+        # the update forward's layout: each group's completions share their common prefix, or side by side
         index = {}
         groups = [index.setdefault(tuple(rollout.prompt_ids[i]), len(index)) for i in order]
-        packed = pack_prefix_groups([rollout.prompt_ids[i] + rollout.completion_ids[i] for i in order], groups,
-                                    row_tokens=t.config.row_tokens, pad_token_id=t.tokenizer.pad_token_id)
+        sequences = [rollout.prompt_ids[i] + rollout.completion_ids[i] for i in order]
+        layout = dict(row_tokens=t.config.row_tokens, pad_token_id=t.tokenizer.pad_token_id)
+        if share:
+            packed = pack_prefix_groups(sequences, groups, **layout)
+            column = lambda j, pos: int(packed.columns[j, pos])  # noqa: E731
+        else:
+            packed = pack_sequences(sequences, **layout)
+            column = lambda j, pos: int(packed.starts[j]) + pos  # noqa: E731
         serves = defaultdict(set)  # logits position -> masks of the tokens it scores
         for j, i in enumerate(order):
             p = len(rollout.prompt_ids[i])
             for k, m in enumerate(rollout.action_masks[i]):
-                serves[int(packed.rows[j]), int(packed.columns[j, p + k - 1])].add(m)
+                serves[int(packed.rows[j]), column(j, p + k - 1)].add(m)
         grad = logits.grad
         observed = generated = 0
         for (row, col), masks in serves.items():
