@@ -127,10 +127,10 @@ def engine_checks(device: str, dtype: str) -> list[dict[str, Any]]:
         kwargs = dict(do_sample=True, max_new_tokens=32, min_new_tokens=32, top_k=0, top_p=1.0, temperature=1.0,
                       pad_token_id=tokenizer.pad_token_id)
 
-        def tether_run() -> int:
+        def tether_run(engine=engine, prompts=prompts, params=params) -> int:
             return sum(len(c) for c in engine.generate(prompts, params).completion_ids)
 
-        def hf_run() -> int:
+        def hf_run(model=model, enc=enc, kwargs=kwargs) -> int:
             with torch.inference_mode():
                 return int(model.generate(**enc, **kwargs)[:, enc["input_ids"].shape[1]:].numel())
 

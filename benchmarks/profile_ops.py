@@ -34,9 +34,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import METRICS, SPECS, WORKLOADS, run_once  # noqa: E402
+from run import METRICS, SPECS, WORKLOADS, run_once
 
-from tether.models.tiny import save_tiny  # noqa: E402
+from tether.models.tiny import save_tiny
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 TARGETS = {("tiny", "sft"): 2.0, ("tiny", "dpo"): 2.0, ("tiny", "grpo"): 2.0, ("small", "sft"): 1.3,

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from tether.core.logprobs import entropy_from_logits, selective_log_softmax
 import tether.data.prefix_sharing as prefix_sharing
+from tether.core.logprobs import entropy_from_logits, selective_log_softmax
 from tether.data.prefix_sharing import (
     attention_pair_cost,
     common_prefix_length,

@@ -5,8 +5,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from tether.data import tokenize_sft
 import tether.data.prefix_sharing as prefix_sharing
+from tether.data import tokenize_sft
 from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
 from tether.models import build_tiny
@@ -67,17 +67,14 @@ def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl, share,
         groups = [index.setdefault(tuple(rollout.prompt_ids[i]), len(index)) for i in order]
         sequences = [rollout.prompt_ids[i] + rollout.completion_ids[i] for i in order]
         layout = dict(row_tokens=t.config.row_tokens, pad_token_id=t.tokenizer.pad_token_id)
-        if share:
-            packed = pack_prefix_groups(sequences, groups, **layout)
-            column = lambda j, pos: int(packed.columns[j, pos])  # noqa: E731
-        else:
-            packed = pack_sequences(sequences, **layout)
-            column = lambda j, pos: int(packed.starts[j]) + pos  # noqa: E731
+        packed = pack_prefix_groups(sequences, groups, **layout) if share else pack_sequences(sequences, **layout)
         serves = defaultdict(set)  # logits position -> masks of the tokens it scores
         for j, i in enumerate(order):
             p = len(rollout.prompt_ids[i])
             for k, m in enumerate(rollout.action_masks[i]):
-                serves[int(packed.rows[j]), column(j, p + k - 1)].add(m)
+                at = p + k - 1  # the position whose logits score completion token k
+                column = int(packed.columns[j, at]) if share else int(packed.starts[j]) + at
+                serves[int(packed.rows[j]), column].add(m)
         grad = logits.grad
         observed = generated = 0
         for (row, col), masks in serves.items():
