@@ -3,7 +3,8 @@
     python benchmarks/profile_ops.py [--threads N] [--models tiny,small] [--workloads sft,dpo,...]
                                  [--out benchmarks/profile_ops.json] [--quick]
 
-The same workloads and sizes as ``run.py``, one run per side under the profiler with FLOP counting.
+The same workloads and sizes as ``run.py``, one run per side with the profiler (FLOP counting) over
+exactly the region ``run.py`` times (the ``train()`` call, or the decode repeats after the warm-up).
 Per side: the seconds of the ``train()`` call (or of the decode loop), the time in matrix products
 (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``: self CPU time, with the FLOPs the profiler
 counts for them), the time in fused attention (``scaled_dot_product_*``) and the rest (element-wise
@@ -22,6 +23,7 @@ matrix products (element-wise kernels, attention, the optimiser, Python) is what
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -34,7 +36,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import METRICS, SPECS, WORKLOADS, run_once
+import workloads as wl
+from run import METRICS, SPECS, parse_selection, run_once
 
 from tether.models.tiny import save_tiny
 
@@ -48,8 +51,12 @@ def profiled(workload: str, name: str, model_dir: Path, spec, threads: int) -> d
     """One run of ``workload`` by ``name`` under the profiler: seconds, matmul time / FLOPs, attention time."""
     gc.collect()
     torch.set_num_threads(threads)
-    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], with_flops=True)
+    wl.timed_region = lambda: prof  # the profiler sees exactly the region run.py times
+    try:
         measurement = run_once(workload, name, model_dir, spec, threads)
+    finally:
+        wl.timed_region = contextlib.nullcontext
     events = prof.key_averages()
     matmul_us = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
     matmul_flops = sum(e.flops or 0 for e in events if e.key in MATMUL_OPS)
@@ -89,18 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/profile_ops.json"))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--models", default="tiny,small")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--quick", action="store_true", help="every workload at a trivial size (smoke test)")
-    args = parser.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    workloads = [w for w in args.workloads.split(",") if w]
-    for name in workloads:
-        if name not in WORKLOADS:
-            parser.error(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
-    for name in models:
-        if name not in SPECS:
-            parser.error(f"unknown model {name!r}; valid: {', '.join(SPECS)}")
+    args = parse_selection(parser, argv)
+    models, workloads = args.models, args.workloads
     threads = torch.get_num_threads()
     rows = []
     try:

@@ -189,23 +189,30 @@ def markdown(rows: list[dict], mfu: dict | None, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Add ``--models`` / ``--workloads`` / ``--quick`` to ``parser`` and parse; the two lists checked."""
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="every workload at a trivial size (smoke test)")
+    args = parser.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    for name in args.workloads:
+        if name not in WORKLOADS:
+            parser.error(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+    for name in args.models:
+        if name not in SPECS:
+            parser.error(f"unknown model {name!r}; valid: {', '.join(SPECS)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--models", default="tiny,small")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--quick", action="store_true", help="every workload at a trivial size (smoke test)")
-    args = parser.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    workloads = [w for w in args.workloads.split(",") if w]
-    for name in workloads:
-        if name not in WORKLOADS:
-            parser.error(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
-    for name in models:
-        if name not in SPECS:
-            parser.error(f"unknown model {name!r}; valid: {', '.join(SPECS)}")
+    args = parse_selection(parser, argv)
+    models, workloads = args.models, args.workloads
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     torch.set_num_threads(args.threads)

@@ -14,11 +14,13 @@ no evaluation, no checkpointing, one optimiser step per batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,19 @@ import torch
 from tether.models.loading import load_model
 from tether.tasks import get_task, rl_records, sft_records
 from tether.tasks.preferences import preference_records
+
+# What wraps every timed region; ``profile_ops.py`` sets it to a profiler so that it sees exactly what is timed.
+timed_region: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[list[float]]:
+    """Time the block (inside ``timed_region()``); the seconds are appended to the yielded list."""
+    seconds: list[float] = []
+    with timed_region():
+        start = time.perf_counter()
+        yield seconds
+        seconds.append(time.perf_counter() - start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +135,10 @@ def tether_sft(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Meas
             counts["tokens"] += int(batch["num_tokens"])
             counts["loss_tokens"] += int(batch["num_loss_tokens"])
             counts["sum_sq_lengths"] += _packed_sum_sq(batch, tokenizer.pad_token_id)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
+    with timed() as seconds:
+        trainer.train()
     trainer.logger.close()
-    return Measurement(seconds, counts, _metric_column(scratch, "loss"))
+    return Measurement(seconds[0], counts, _metric_column(scratch, "loss"))
 
 
 def tether_dpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Measurement:
@@ -135,11 +149,10 @@ def tether_dpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Meas
                                     "data": {"task": {"name": "arithmetic"}, "max_length": spec.max_length}})
     trainer = PreferenceTrainer(cfg, model, tokenizer, scratch, records=dpo_data(spec.steps * spec.batch),
                                 eval_records=[], stage="dpo")
-    start = time.perf_counter()
-    trainer.train()  # includes the one reference pass over the data
-    seconds = time.perf_counter() - start
+    with timed() as seconds:
+        trainer.train()  # includes the one reference pass over the data
     trainer.logger.close()
-    return Measurement(seconds, {"pairs": float(spec.steps * spec.batch)}, _metric_column(scratch, "loss"))
+    return Measurement(seconds[0], {"pairs": float(spec.steps * spec.batch)}, _metric_column(scratch, "loss"))
 
 
 def tether_grpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Measurement:
@@ -153,12 +166,11 @@ def tether_grpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Mea
         "sample_every": 10**9})
     trainer = RLTrainer(cfg, model, tokenizer, scratch, records=grpo_data(spec.steps * spec.batch),
                         reward_functions=[digit_reward], stage="grpo")
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
+    with timed() as seconds:
+        trainer.train()
     trainer.logger.close()
     completions = float(spec.steps * spec.batch * spec.group)
-    return Measurement(seconds, {"completions": completions}, _metric_column(scratch, "reward/mean"))
+    return Measurement(seconds[0], {"completions": completions}, _metric_column(scratch, "reward/mean"))
 
 
 # ---- TRL ---------------------------------------------------------------------------------------------
@@ -191,9 +203,9 @@ class _CountingCollator:
 
 
 def _trl_train(trainer) -> tuple[float, list[dict]]:
-    start = time.perf_counter()
-    trainer.train()
-    return time.perf_counter() - start, trainer.state.log_history
+    with timed() as seconds:
+        trainer.train()
+    return seconds[0], trainer.state.log_history
 
 
 def trl_sft(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Measurement:
@@ -289,9 +301,9 @@ def generation(model_dir: Path, spec: Spec, library: str, threads: int, *, ignor
             first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion.shape[1])
             return int(first.sum())
     go()  # warm-up
-    start = time.perf_counter()
-    tokens = sum(go() for _ in range(repeats))
-    return Measurement(time.perf_counter() - start, {"tokens": float(tokens)}, [])
+    with timed() as seconds:
+        tokens = sum(go() for _ in range(repeats))
+    return Measurement(seconds[0], {"tokens": float(tokens)}, [])
 
 
 TRAINING = {
