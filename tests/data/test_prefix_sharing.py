@@ -175,16 +175,19 @@ def test_sharing_pays_for_long_prefixes_not_for_short_ones_on_a_narrow_model(mod
     assert sharing_pays(*groups_of(6, 32), row_tokens=1024, pair_cost=pair / 4)
 
 
-def test_the_cost_model_picks_the_layout(model, monkeypatch):
+def test_only_if_cheaper_asks_the_cost_model(model, monkeypatch):
     calls = []
     original = prefix_sharing.pack_prefix_groups
     monkeypatch.setattr(prefix_sharing, "pack_prefix_groups", lambda *a, **k: calls.append(1) or original(*a, **k))
     long_prefix = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]]
-    sequence_token_logprobs(model, long_prefix, first_targets=[1, 1], groups=[0, 0], row_tokens=64, pad_token_id=0)
-    assert calls == [1]
+    layout = dict(first_targets=[1, 1], groups=[0, 0], row_tokens=64, pad_token_id=0)
+    sequence_token_logprobs(model, long_prefix, only_if_cheaper=True, **layout)
+    assert calls == [1]  # a 10-token prefix of 11-token sequences: sharing pays
     monkeypatch.setattr(prefix_sharing, "sharing_pays", lambda *a, **k: False)
-    sequence_token_logprobs(model, long_prefix, first_targets=[1, 1], groups=[0, 0], row_tokens=64, pad_token_id=0)
-    assert calls == [1]
+    sequence_token_logprobs(model, long_prefix, only_if_cheaper=True, **layout)
+    assert calls == [1]  # the cost model said no: packed side by side
+    sequence_token_logprobs(model, long_prefix, **layout)
+    assert calls == [1, 1]  # without only_if_cheaper groups always share
 
 
 def test_models_without_custom_masks_fall_back_to_plain_packing(model, monkeypatch):

@@ -5,7 +5,6 @@ from collections import defaultdict
 import pytest
 import torch
 
-import tether.data.prefix_sharing as prefix_sharing
 from tether.data import tokenize_sft
 from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
@@ -39,12 +38,11 @@ def trainer(tmp_path, cfg, rewards=(generated_digits,)):
 
 @pytest.mark.parametrize("share", [True, False], ids=["prefix-shared", "plain-packed"])
 @pytest.mark.parametrize("kl", [{"coef": 0.1, "estimator": "k3"}, {"coef": 0.1, "estimator": "k1", "in_reward": True}])
-def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl, share, monkeypatch):
+def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl, share):
     """One full training step (policy loss, KL, entropy bonus, two passes with old log-probs): the gradient
     reaching the logits that score observation tokens is exactly zero; the policy's tokens get gradient.
     Both update layouts: a group's completions sharing their prompt, and side by side."""
-    monkeypatch.setattr(prefix_sharing, "sharing_pays", lambda *a, **k: share)
-    t = trainer(tmp_path, config(kl=kl, entropy_coef=0.01, num_iterations=2,
+    t = trainer(tmp_path, config(kl=kl, entropy_coef=0.01, num_iterations=2, prefix_sharing=share,
                                  train={"max_steps": 1, "batch_size": 2, "progress": False}))
     captured = []
 

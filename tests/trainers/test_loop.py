@@ -201,3 +201,32 @@ def test_a_full_disk_fails_before_training(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match=r"has 1\.0 MiB free, less than one checkpoint needs"):
         make_trainer(tmp_path)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_optim_fused_takes_the_fused_adamw_kernel_with_the_same_updates():
+    from tether.config import OptimConfig
+    from tether.trainers.loop import build_optimizer
+
+    results = {}
+    for fused in (False, True):
+        model, _ = build_tiny("tiny", seed=0)
+        optimizer = build_optimizer(model, OptimConfig(lr=1e-3, weight_decay=0.01, fused=fused))
+        assert bool(optimizer.defaults["fused"]) is fused and bool(optimizer.defaults["foreach"]) is not fused
+        g = torch.Generator().manual_seed(0)
+        for _ in range(5):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            optimizer.step()
+        results[fused] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    # the same AdamW: the two kernels differ in float rounding only
+    torch.testing.assert_close(results[True], results[False], atol=1e-6, rtol=0)
+
+
+def test_optim_fused_falls_back_where_the_kernel_does_not_apply():
+    from tether.config import OptimConfig
+    from tether.trainers.loop import build_optimizer
+
+    meta, _ = build_tiny("tiny", seed=0)
+    meta.to("meta")  # no fused kernel on this device: the multi-tensor AdamW instead
+    optimizer = build_optimizer(meta, OptimConfig(fused=True))
+    assert not optimizer.defaults["fused"] and optimizer.defaults["foreach"]

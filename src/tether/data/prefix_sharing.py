@@ -170,7 +170,7 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
 def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
                             first_targets: Sequence[int], groups: Sequence[int] | None = None,
                             temperature: float = 1.0, row_tokens: int, pad_token_id: int,
-                            with_entropy: bool = False, entropy_grad: bool = False
+                            with_entropy: bool = False, entropy_grad: bool = False, only_if_cheaper: bool = False
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
 
@@ -178,8 +178,9 @@ def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence
     ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
     ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
     from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
-    ``groups`` id share their common prefix when the model takes custom masks and
-    :func:`sharing_pays`; otherwise (or with ``groups=None``) they are packed side by side.
+    ``groups`` id share their common prefix when the model takes custom masks (and, with
+    ``only_if_cheaper``, when :func:`sharing_pays`); otherwise (or with ``groups=None``) they are
+    packed side by side.
     """
     from tether.core.logprobs import entropy_from_logits, selective_log_softmax
     from tether.data.packing import pack_sequences
@@ -190,7 +191,8 @@ def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence
     if bool((first < 1).any()) or bool((first > lengths).any()):
         raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
     if (groups is not None and supports_custom_masks(model)
-            and sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model))):
+            and (not only_if_cheaper
+                 or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model)))):
         packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
         inputs, rows, columns = packed.model_inputs(model), packed.rows, packed.columns
     else:

@@ -74,9 +74,10 @@ REFERENCE_CACHE = "reference_logps.pt"
 class PreferenceDataConfig(PairDataConfig):
     split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
                                                  "undesirable")
-    prefix_sharing: bool = Field(True, description="with packing: the tokens a pair's chosen and rejected start "
-                                                   "with (the prompt, at least) go through the model once "
-                                                   "(sdpa / eager attention; others ignore it)")
+    prefix_sharing: bool | Literal["auto"] = Field(
+        True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at "
+                          "least) go through the model once (sdpa / eager attention; others ignore it); auto: "
+                          "only where a cost model says it is cheaper")
 
 
 class PreferenceLossConfig(StrictModel):
@@ -176,8 +177,8 @@ def loss_beta(cfg: DPOConfig) -> float:
 
 
 def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
-                         pad_token_id: int, packing: bool = True, groups: Sequence[int] | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         pad_token_id: int, packing: bool = True, groups: Sequence[int] | None = None,
+                         only_if_cheaper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each example's loss tokens, from one forward pass.
 
     Returns ``(token_logps, mask)``, both shape (N, T): ``token_logps[i, j]`` is the log-prob of the
@@ -190,7 +191,8 @@ def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExa
         return _padded_token_logps(model, examples, pad_token_id=pad_token_id)
     first = [next((t for t, label in enumerate(e.labels) if t > 0 and label != -100), len(e)) for e in examples]
     logps, valid, _ = sequence_token_logprobs(model, [e.input_ids for e in examples], first_targets=first,
-                                              groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
+                                              groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id,
+                                              only_if_cheaper=only_if_cheaper)
     scored = torch.zeros(valid.shape, dtype=torch.bool)
     for i, (e, f) in enumerate(zip(examples, first, strict=True)):
         scored[i, : len(e) - f] = torch.tensor(e.labels[f:], dtype=torch.long) != -100
@@ -215,7 +217,7 @@ def _padded_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExam
 
 def pair_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
                 ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
-                packing: bool = True, prefix_sharing: bool = True) -> PreferenceInputs:
+                packing: bool = True, prefix_sharing: bool | str = True) -> PreferenceInputs:
     """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
     a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
     (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
@@ -230,11 +232,13 @@ def pair_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen
 
 
 def pair_token_logps(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,
-                     packing: bool = True, prefix_sharing: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequence_token_logps`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``."""
+                     packing: bool = True, prefix_sharing: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequence_token_logps`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``
+    (``prefix_sharing="auto"``: shared only where that is cheaper)."""
     groups = list(range(len(pairs))) * 2 if prefix_sharing else None
     return sequence_token_logps(model, [p.chosen for p in pairs] + [p.rejected for p in pairs], row_tokens=row_tokens,
-                                pad_token_id=pad_token_id, packing=packing, groups=groups)
+                                pad_token_id=pad_token_id, packing=packing, groups=groups,
+                                only_if_cheaper=prefix_sharing == "auto")
 
 
 def pair_loss(loss_fn: Callable[[PreferenceInputs], tuple[torch.Tensor, dict]], loss: str | dict[str, float],

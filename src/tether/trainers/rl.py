@@ -147,8 +147,10 @@ class UpdateLayoutConfig(StrictModel):
     mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
     micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
     row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: bool = Field(True, description="the update forward computes a prompt shared by a group's "
-                                                   "completions once (sdpa / eager attention; others ignore it)")
+    prefix_sharing: bool | Literal["auto"] = Field(
+        True, description="the update forward computes a prompt shared by a group's completions once (sdpa / "
+                          "eager attention; others ignore it); auto: only where a cost model says it is cheaper "
+                          "(not on narrow models with short prompts)")
 
 
 class GRPOConfig(UpdateLayoutConfig, StageConfig):
@@ -221,12 +223,13 @@ def training_prompts(data: RLDataConfig, records: list[dict] | None, tokenizer: 
 
 def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
                         temperature: float, row_tokens: int, pad_token_id: int, with_entropy: bool = False,
-                        entropy_grad: bool = False, share_prompts: bool = True
+                        entropy_grad: bool = False, share_prompts: bool | Literal["auto"] = True
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of each completion given its prompt, shape (N, C).
 
     The prompt+completion sequences are packed; with ``share_prompts`` the completions of one prompt
-    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`).
+    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`);
+    ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`).
     Position j of row i scores ``completions[i][j]``; positions past a completion's length are 0.
     """
     index: dict[tuple[int, ...], int] = {}
@@ -234,7 +237,7 @@ def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], comple
     logps, _, entropy = sequence_token_logprobs(
         model, [p + c for p, c in zip(prompts, completions, strict=True)], first_targets=[len(p) for p in prompts],
         groups=groups, temperature=temperature, row_tokens=row_tokens, pad_token_id=pad_token_id,
-        with_entropy=with_entropy, entropy_grad=entropy_grad)
+        with_entropy=with_entropy, entropy_grad=entropy_grad, only_if_cheaper=share_prompts == "auto")
     return logps, entropy
 
 
