@@ -3,11 +3,11 @@
     python benchmarks/profile_ops.py [--threads N] [--models tiny,small] [--workloads sft,dpo,...]
                                  [--out benchmarks/profile_ops.json] [--quick]
 
-The same workloads and sizes as ``run.py``, one run per side with the profiler (FLOP counting) over
+The same workloads and sizes as ``run.py``, one run per side with the profiler (recording shapes) over
 exactly the region ``run.py`` times (the ``train()`` call, or the decode repeats after the warm-up).
 Per side: the seconds of the ``train()`` call (or of the decode loop), the time in matrix products
-(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``: self CPU time, with the FLOPs the profiler
-counts for them), the time in fused attention (``scaled_dot_product_*``) and the rest (element-wise
+(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``: self CPU time, and their FLOPs from their input
+shapes), the time in fused attention (``scaled_dot_product_*``) and the rest (element-wise
 kernels, the optimiser, Python). The profiler's own overhead inflates every figure, so read shares
 and FLOPs here and speeds in ``run.py``.
 
@@ -47,11 +47,20 @@ TARGETS = {("tiny", "sft"): 2.0, ("tiny", "dpo"): 2.0, ("tiny", "grpo"): 2.0, ("
            ("small", "generation"): 1.5}
 
 
+def matmul_flops_of(op: str, shapes: list[list[int]]) -> float:
+    """2 * M * K * N (times the batch) of one matrix product from its input shapes."""
+    a, b = (shapes[1], shapes[2]) if op in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
 def profiled(workload: str, name: str, model_dir: Path, spec, threads: int) -> dict:
     """One run of ``workload`` by ``name`` under the profiler: seconds, matmul time / FLOPs, attention time."""
     gc.collect()
     torch.set_num_threads(threads)
-    prof = profile(activities=[ProfilerActivity.CPU], with_flops=True)
+    # shapes, not with_flops: the profiler's FLOP formulas slow every element-wise op several-fold, which
+    # would inflate the very "other" time this measures
+    prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
     wl.timed_region = lambda: prof  # the profiler sees exactly the region run.py times
     try:
         measurement = run_once(workload, name, model_dir, spec, threads)
@@ -59,7 +68,8 @@ def profiled(workload: str, name: str, model_dir: Path, spec, threads: int) -> d
         wl.timed_region = contextlib.nullcontext
     events = prof.key_averages()
     matmul_us = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
-    matmul_flops = sum(e.flops or 0 for e in events if e.key in MATMUL_OPS)
+    matmul_flops = sum(e.count * matmul_flops_of(e.key, e.input_shapes)
+                       for e in prof.key_averages(group_by_input_shape=True) if e.key in MATMUL_OPS)
     attention_us = sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key)
     seconds = measurement.seconds
     return {"seconds": seconds, "matmul_s": matmul_us / 1e6, "matmul_gflop": matmul_flops / 1e9,

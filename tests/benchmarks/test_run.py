@@ -60,6 +60,9 @@ def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
     spec = importlib.util.spec_from_file_location("tether_bench_profile", BENCH / "profile_ops.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    assert module.matmul_flops_of("aten::mm", [[2, 3], [3, 4]]) == 2 * 2 * 3 * 4
+    assert module.matmul_flops_of("aten::addmm", [[4], [2, 3], [3, 4]]) == 2 * 2 * 3 * 4
+    assert module.matmul_flops_of("aten::bmm", [[5, 2, 3], [5, 3, 4]]) == 5 * 2 * 2 * 3 * 4
     threads = torch.get_num_threads()
     out = tmp_path / "profile.json"
     try:
