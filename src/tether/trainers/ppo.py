@@ -274,10 +274,7 @@ class PPOTrainer(RLTrainer):
         start = time.perf_counter()
         indices, rollout, scores, metrics = self.collect()
         gen_time = time.perf_counter() - start
-        device = self.device  # scores, masks and flags sit beside the log-probs and values
-        mask = rollout.to_padded(self.tokenizer.pad_token_id, device)["completion_mask"].float()
-        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons], device=device)
-        scores = scores.to(device)
+        mask, truncated, scores = self.rollout_tensors(rollout, scores)
         valid = ~torch.isnan(scores)
         mask = mask * valid.float()[:, None]
         old = self.frozen_logprobs(rollout, reference=False)

@@ -412,10 +412,7 @@ class RLTrainer(Trainer):
         with full_parameters(self.model):  # FSDP2: whole weights while this rank decodes its share
             indices, rollout, rewards, metrics = self.collect()
         gen_time = time.perf_counter() - start
-        device = self.device  # rewards, masks and flags sit beside the log-probs
-        mask = rollout.to_padded(self.tokenizer.pad_token_id, device)["completion_mask"].float()
-        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons], device=device)
-        rewards = rewards.to(device)
+        mask, truncated, rewards = self.rollout_tensors(rollout, rewards)
         valid = ~torch.isnan(rewards)
         if cfg.rollout.mask_truncated:
             mask = mask * (~truncated).float()[:, None]
@@ -458,6 +455,15 @@ class RLTrainer(Trainer):
                 {"prompt": self.records[indices[rollout.prompt_index[i]]]["prompt"],
                  "completion": rollout.texts[i], "reward": float(rewards[i])} for i in range(min(8, len(rollout)))])
         return metrics
+
+    def rollout_tensors(self, rollout: Rollout, rewards: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The completion mask (N, C) as floats, the truncation flags (N,) and ``rewards`` (N,), on the
+        model's device, beside the log-probs they are combined with."""
+        device = self.device
+        mask = rollout.to_padded(self.tokenizer.pad_token_id, device)["completion_mask"].float()
+        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons], device=device)
+        return mask, truncated, rewards.to(device)
 
     def minibatch_updates(self, mask: torch.Tensor, passes: int,
                           loss: Callable[[torch.Tensor, dict[str, float]], tuple[torch.Tensor, dict]]
