@@ -91,7 +91,7 @@ def test_names_from_run_contents_are_plain_file_names():
 def test_the_sandbox_adversarial_suite_runs_by_default():
     """Issue 10's suite (fork bombs, memory, file system, network, environment, shells) must not be
     deselected by the default ``-m 'not slow'``: it is the CI check that model-written code stays contained."""
-    suite = Path(__file__).parents[1] / "rewards" / "test_sandbox.py"
+    suite = Path(__file__).parents[1] / "runtime" / "test_sandbox.py"
     text = suite.read_text()
     assert "mark.slow" not in text and "pytestmark" not in text
     for name in ("fork_bomb", "memory_limit", "writing_outside", "network", "environment", "shell"):

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from tether.rewards.code import code_tests_reward, extract_code, run_tests
+from tether.rewards.code import code_tests_reward
+from tether.runtime.sandbox import run_tests
+from tether.tasks.code import extract_code
 
 TESTS = ["assert f(1) == 2", "assert f(5) == 6", "assert f(-1) == 0"]
 

@@ -22,6 +22,7 @@ import torch
 
 from tether.rollout.base import Rollout, SamplingParams
 from tether.rollout.weights import merged_weights
+from tether.runtime.ray import ensure_ray, shards
 
 
 @dataclass
@@ -69,8 +70,6 @@ class RayEngine:
 
     def __init__(self, factory: Callable[[], Any], *, num_workers: int = 2, source: torch.nn.Module | None = None,
                  num_cpus: float = 1, num_gpus: float = 0, address: str | None = None) -> None:
-        from tether.rewards.ray_scoring import ensure_ray
-
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.ray = ensure_ray(address)
@@ -84,8 +83,6 @@ class RayEngine:
         self.ray.get([a.load_weights.remote(ref) for a in self.actors])
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        from tether.rewards.ray_scoring import shards
-
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
         if self.source is not None:  # the live policy (a LoRA adapter merged), unwrapped from DDP

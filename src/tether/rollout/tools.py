@@ -17,7 +17,7 @@ hints give their JSON types. A tool returns a string (anything else is ``str()``
 becomes an error observation the policy sees.
 
 Built-in tools (``TOOLS``): ``calculator`` (exact integer / rational arithmetic, no ``eval``) and
-``python`` (runs a program in :mod:`tether.rewards.sandbox` and returns its output).
+``python`` (runs a program in :mod:`tether.runtime.sandbox` and returns its output).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def calculator_tool() -> Tool:
 @TOOLS.register("python")
 def python_tool(limits: dict | None = None, max_chars: int = 2000) -> Tool:
     """The ``python`` tool: runs a program in the sandbox; returns its stdout, or the error it hit."""
-    from tether.rewards.sandbox import SandboxLimits, run_python
+    from tether.runtime.sandbox import SandboxLimits, run_python
 
     sandbox_limits = SandboxLimits.model_validate(limits or {})
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -223,6 +224,45 @@ def run_python(code: str, *, limits: SandboxLimits | dict | None = None, stdin: 
         stdout=out.decode(errors="replace"), stderr=stderr, exit_code=final.get("exit"),
         signal=final.get("signal"), limit=_classify(final.get("signal"), stderr, own_limit),
         duration_s=time.monotonic() - start, isolation=final.get("isolation", {}))
+
+
+TEST_HARNESS = r'''
+import sys as _sys
+_nonce, _tests = _sys.stdin.readline().strip(), __import__("json").loads(_sys.stdin.readline())
+_namespace = {"__name__": "solution"}
+_passed = 0
+try:
+    exec(compile(%(code)r, "solution.py", "exec"), _namespace)
+except BaseException as _error:
+    print(f"solution failed: {type(_error).__name__}: {_error}", file=_sys.stderr)
+else:
+    for _test in _tests:
+        try:
+            exec(compile(_test, "test.py", "exec"), dict(_namespace))
+            _passed += 1
+        except BaseException as _error:
+            print(f"test failed: {_test!r}: {type(_error).__name__}: {_error}", file=_sys.stderr)
+print("\n" + _nonce, _passed, len(_tests), flush=True)
+'''
+
+
+def run_tests(code: str, tests: list[str], *, limits: SandboxLimits | dict | None = None
+              ) -> tuple[int, SandboxResult]:
+    """Run ``code`` then ``tests`` in one sandboxed process; returns (tests passed, the sandbox result).
+
+    A test is an ``assert`` statement, or any code that raises on failure. The candidate runs first,
+    inside a harness that then runs each test and prints a summary line tagged with a random nonce
+    passed on stdin, so a program cannot simply print a pass count. The tests are hidden from the
+    prompt, not from the process: a program that inspects the harness's frames could find the nonce,
+    so the nonce stops reward hacking by printing, not by introspection.
+    """
+    nonce = secrets.token_hex(16)
+    result = run_python(TEST_HARNESS % {"code": code}, limits=limits, stdin=f"{nonce}\n{json.dumps(tests)}\n")
+    for line in reversed(result.stdout.splitlines()):
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == nonce and parts[2] == str(len(tests)) and result.limit is None:
+            return int(parts[1]), result
+    return 0, result
 
 
 def isolation_report(limits: SandboxLimits | dict | None = None) -> dict[str, str]:

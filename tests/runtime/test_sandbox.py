@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.rewards.sandbox import _UID_BASE, _UID_SLOTS, SandboxLimits, isolation_report, run_python
+from tether.runtime.sandbox import _UID_BASE, _UID_SLOTS, SandboxLimits, isolation_report, run_python
 
 SMALL = dict(cpu_s=1, wall_s=4, memory_mb=128, file_size_kb=64, output_bytes=10_000)
 NAMESPACES = isolation_report().get("network") == "namespace"

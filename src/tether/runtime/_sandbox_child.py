@@ -1,6 +1,6 @@
 """The sandbox launcher: trusted code that runs in the child process and then starts the untrusted program.
 
-Run by :mod:`tether.rewards.sandbox` as ``python -I -S _sandbox_child.py`` with a JSON job on stdin
+Run by :mod:`tether.runtime.sandbox` as ``python -I -S _sandbox_child.py`` with a JSON job on stdin
 (``code``, ``stdin``, the limits, ``status_fd``, ``uid``, ``namespaces``). Standard library only, and
 never imported by tether itself: it is a program, not a module.
 
