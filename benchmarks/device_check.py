@@ -58,7 +58,7 @@ def shrink_overrides(recipe: str) -> list[str]:
     """``STAGE.key=value`` overrides that cut every stage of ``recipe`` to a trivial size."""
     import tether.stages  # noqa: F401  (registers the stage types)
     from tether.config import ConfigError
-    from tether.pipeline import apply_recipe_overrides, load_recipe, validate_recipe
+    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, validate_recipe
 
     data = load_recipe(recipe)
     kept: list[str] = []
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("device_check.json"))
     args = parser.parse_args(argv)
 
-    from tether.pipeline import builtin_recipes
+    from tether.stages.pipeline import builtin_recipes
 
     recipes = [r for r in args.recipes.split(",") if r] or sorted(builtin_recipes())
     env = {"torch": torch.__version__, "device": args.device, "dtype": args.dtype}

@@ -156,7 +156,8 @@ def tether_dpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Meas
 
 
 def tether_grpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Measurement:
-    from tether.trainers.rl import GRPOConfig, RLTrainer
+    from tether.config.rl import GRPOConfig
+    from tether.trainers.rl import RLTrainer
 
     model, tokenizer = _load(model_dir)
     cfg = GRPOConfig.model_validate({

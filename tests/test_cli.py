@@ -128,4 +128,4 @@ def test_ppo_command_runs_one_stage_with_overrides(tmp_path):
     assert result.exit_code == 0, result.output
     assert (out / "ppo" / "stage.json").exists() and (out / "ppo" / "value" / "model.safetensors").exists()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {"kl_coef", "value/loss", "value/explained_variance", "reward/proxy", "kl"} <= set(rows[-1])
+    assert {"kl_coef", "value/loss", "value/explained_variance", "reward/mean", "kl"} <= set(rows[-1])

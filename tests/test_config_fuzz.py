@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from tether import stages  # noqa: F401  (registers every stage type)
 from tether.config import ConfigError, load_yaml
-from tether.pipeline import STAGE_TYPES, apply_recipe_overrides, stage_config, validate_recipe
+from tether.stages.pipeline import apply_recipe_overrides, stage_config, validate_recipe
+from tether.stages.registry import STAGE_TYPES
 
 EXAMPLES = int(os.environ.get("TETHER_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

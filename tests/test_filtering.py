@@ -36,7 +36,7 @@ CORPUS = [
 
 
 def test_each_reason_is_counted_once_in_order():
-    cfg = FilterConfig(min_tokens=5, max_tokens=50, format="r1", verifier={"name": "accuracy"})
+    cfg = FilterConfig(min_tokens=5, max_tokens=50, format="r1", verifier={"rewards": [{"name": "accuracy"}]})
     kept, summary = filter_corpus(CORPUS, cfg)
     assert [(r["prompt_id"], r["sample"]) for r in kept] == [(0, 0), (1, 2), (2, 0)]
     assert all(r["score/verifier"] == 1.0 for r in kept)
@@ -83,7 +83,7 @@ def test_top_k_ties_go_to_the_earlier_record():
 
 
 def test_verifier_scorer_reads_the_answer_column_and_none_fails_the_filter():
-    score = build_scorer({"kind": "verifier", "name": "accuracy"})
+    score = build_scorer({"kind": "rewards", "rewards": [{"name": "accuracy"}]})
     assert score([rec(0, 0, GOOD), rec(0, 1, GOOD, answer="6")]) == [1.0, 0.0]
     kept, summary = filter_corpus([rec(0, 0, GOOD, answer=None)], FilterConfig(verifier={}))
     assert kept == [] and summary["dropped/verifier"] == 1
@@ -94,16 +94,14 @@ def judge_replies(prompts: list[str]) -> list[str]:
     return ["garbled" if "GARBLE" in p else f"Score: {9 if p.rstrip().endswith('5') else 2}" for p in prompts]
 
 
-def test_judge_scorer_scores_pointwise_and_missing_replies_are_none(monkeypatch):
-    import sys
-
-    score = build_scorer({"kind": "judge", "kwargs": {"backend": "callable", "template": "Q {prompt} A {response}",
-                                                      "model": f"{__name__}:judge_replies"}})
+def test_judge_scorer_scores_pointwise_and_missing_replies_are_none():
+    judge = {"kind": "pointwise", "backend": "callable", "template": "Q {prompt} A {response}",
+             "model": f"{__name__}:judge_replies"}
+    score = build_scorer({"kind": "judge", "judge": judge})
     assert score([rec(0, 0, GOOD), rec(0, 1, "<think></think>4"), rec(0, 2, "GARBLE")]) == [9.0, 2.0, None]
     with pytest.raises(ValueError, match="pointwise"):
-        build_scorer({"kind": "judge", "kwargs": {"kind": "pairwise"}})
-    monkeypatch.setitem(sys.modules, "tether.rewards.judge", None)  # as if not installed
-    with pytest.raises(ValueError, match=r"tether\.rewards\.judge"):
+        build_scorer({"kind": "judge", "judge": {**judge, "kind": "pairwise"}})
+    with pytest.raises(ValueError, match="needs a judge block"):
         build_scorer({"kind": "judge"})
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from tether import stages  # noqa: F401
 from tether.config import ConfigError
-from tether.pipeline import (
+from tether.stages.pipeline import (
     apply_recipe_overrides,
     builtin_recipes,
     load_recipe,

@@ -118,9 +118,10 @@ def test_cli_report_and_missing_directory(tmp_path):
 
 
 def test_run_recipe_writes_the_report_and_survives_a_report_failure(tmp_path, monkeypatch, caplog):
-    from tether import report
     from tether.config import StageConfig
-    from tether.pipeline import STAGE_TYPES, StageType, run_recipe
+    from tether.stages import pipeline
+    from tether.stages.pipeline import run_recipe
+    from tether.stages.registry import STAGE_TYPES, StageType
     from tether.trainers.metrics import MetricsLogger
 
     def fake_stage(cfg, run_dir, resume):
@@ -138,8 +139,8 @@ def test_run_recipe_writes_the_report_and_survives_a_report_failure(tmp_path, mo
     def broken(run_dir):
         raise RuntimeError("no plots today")
 
-    monkeypatch.setattr(report, "write_report", broken)
-    with caplog.at_level(logging.WARNING, logger="tether.pipeline"):
+    monkeypatch.setattr(pipeline, "write_report", broken)
+    with caplog.at_level(logging.WARNING, logger="tether.stages.pipeline"):
         assert run_recipe(recipe, tmp_path / "bad") == {"one": {"accuracy": 0.5}}
     assert "no plots today" in caplog.text
     assert json.loads((tmp_path / "bad" / "results.json").read_text()) == {"one": {"accuracy": 0.5}}

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from tether.pipeline import run_recipe
-from tether.rlhf import GoldDataConfig, OverOptimizationConfig, gold_data, plot_overoptimization
+from tether.config.rlhf import GoldDataConfig, OverOptimizationConfig
+from tether.stages.pipeline import run_recipe
+from tether.stages.rlhf import gold_data, plot_overoptimization
 
 
 def test_gold_data_writes_demonstrations_and_comparisons(tmp_path):
@@ -54,7 +55,7 @@ def test_plot_marks_every_beta_and_the_start(tmp_path):
 @pytest.mark.slow
 def test_instructgpt_recipe_raises_the_gold_reward(tmp_path):
     """The acceptance figure: after PPO against the learned RM the hidden gold reward is higher than after SFT."""
-    from tether.pipeline import load_recipe
+    from tether.stages.pipeline import load_recipe
 
     ppo = run_recipe(load_recipe("instructgpt"), tmp_path, report=False)["ppo"]
     assert ppo["gold"] > ppo["before/gold"] and ppo["gold_greedy"] > ppo["before/gold_greedy"], ppo
@@ -64,7 +65,7 @@ def test_instructgpt_recipe_raises_the_gold_reward(tmp_path):
 @pytest.mark.slow
 def test_overoptimization_recipe_gold_peaks_before_the_largest_kl(tmp_path):
     """Gao et al.'s shape: the proxy keeps rising with KL while the gold reward peaks and falls."""
-    from tether.pipeline import load_recipe
+    from tether.stages.pipeline import load_recipe
 
     results = run_recipe(load_recipe("overoptimization"), tmp_path, report=False)["overoptimization"]
     betas = [0.3, 0.1, 0.03, 0.0]

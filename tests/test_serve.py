@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 import torch
 
+from tether.config.rewards import JudgeSamplingConfig
 from tether.data import tokenize_prompts
 from tether.models import build_tiny, save_tiny
 from tether.rewards.judge import EndpointJudgeBackend, EngineJudgeBackend, PointwiseJudge
@@ -103,10 +104,10 @@ def test_a_judge_over_tether_serve_equals_the_local_judge(served, tmp_path):
     prompts = [f"{a}+{b}=" for a, b in [(1, 2), (13, 27), (40, 5), (9, 9)]]
     responses = ["<think>1+2=3 c0|</think>3", "<think>3+7=10 c1|1+2+1=4 c0|</think>40", "45", "hmm"]
     engine = OpenAIEngine(server.base_url, "tiny-judge", api_key_env=KEY_ENV, cache_dir=tmp_path)
-    remote = PointwiseJudge(EndpointJudgeBackend(engine, max_new_tokens=2), template="compact-pointwise",
+    remote = PointwiseJudge(EndpointJudgeBackend(engine, sampling=JudgeSamplingConfig(max_new_tokens=2)), template="compact-pointwise",
                             scale=(0, 9))
     model, tokenizer = build_tiny()
-    local = PointwiseJudge(EngineJudgeBackend(HFEngine(model, tokenizer), tokenizer, max_new_tokens=2),
+    local = PointwiseJudge(EngineJudgeBackend(HFEngine(model, tokenizer), tokenizer, sampling=JudgeSamplingConfig(max_new_tokens=2)),
                            template="compact-pointwise", scale=(0, 9))
     scores = remote.score(prompts, responses)
     assert scores == local.score(prompts, responses)

@@ -21,10 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tether.config import EvalConfig
-from tether.filtering import Scorer, prompt_key
-from tether.generation import generate_corpus, read_corpus, task_prompt_records
+from tether.config.common import EvalConfig, ModelConfig
+from tether.filtering import prompt_key
+from tether.generation import generate_corpus, generate_file, read_corpus, write_records
+from tether.models.loading import resolve_model
 from tether.rollout import HFEngine, SamplingParams
+from tether.scoring import RecordScorer, build_scorer
+from tether.tasks import eval_records, get_task
 
 
 def _rank_key(score: float | None) -> float:
@@ -74,19 +77,17 @@ def _grid(records: Sequence[dict], values: Sequence[Any], prompts: int, samples:
     return grid
 
 
-def evaluate_best_of_n(model: Any, tokenizer: Any, cfg: EvalConfig, ns: Sequence[int], scorers: dict[str, Scorer],
+def evaluate_best_of_n(model: Any, tokenizer: Any, cfg: EvalConfig, ns: Sequence[int], scorers: dict[str, RecordScorer],
                        *, corpus: str | Path | None = None, progress: bool = True) -> dict[str, float]:
     """Best-of-n accuracy on ``cfg.n`` held-out problems for each n in ``ns`` and each named scorer.
 
     Samples ``max(ns)`` completions per problem at ``cfg.temperature`` (written, resumably, to
     ``corpus`` when given). Returns ``{"best_of_<n>/<scorer>": accuracy, "mean@<N>": ...}``.
     """
-    from tether.tasks import get_task
-
     ns = sorted(set(ns))
     samples = ns[-1]
     task = get_task(cfg.task, **cfg.options)
-    prompts = task_prompt_records(cfg.task, cfg.n, options=cfg.options, seed=cfg.seed, split="eval")
+    prompts = eval_records(task, cfg.n, seed=cfg.seed)
     params = SamplingParams(n=samples, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                             seed=cfg.seed)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size)
@@ -143,14 +144,10 @@ def run_best_of_n(model: Any, cfg: EvalConfig, ns: Sequence[int], scorers: dict[
                   tokenizer: Any = None, corpus: str | Path | None = None, plot: str | Path | None = None,
                   progress: bool = True) -> dict[str, float]:
     """:func:`evaluate_best_of_n` from a model path (or loaded model + ``tokenizer``) and scorer configs
-    (:class:`~tether.filtering.ScorerConfig` or dicts, or ready scorer functions), with a plot if asked."""
-    from tether.config import ModelConfig
-    from tether.filtering import build_scorer
-    from tether.models.loading import resolve_model
-
+    (:class:`~tether.config.ScorerConfig` or dicts, or ready scorer functions), with a plot if asked."""
     model, tokenizer = resolve_model(model, tokenizer, ModelConfig())
     model.eval()
-    built = {label: spec if callable(spec) else build_scorer(spec) for label, spec in scorers.items()}
+    built = {label: build_scorer(spec) for label, spec in scorers.items()}
     results = evaluate_best_of_n(model, tokenizer, cfg, ns, built, corpus=corpus, progress=progress)
     if plot is not None:
         plot_best_of_n(results, plot, title=f"best-of-n, {cfg.task}")
@@ -161,14 +158,11 @@ def generate_best_of_n(model: Any, prompts_path: str | Path, out: str | Path, n:
                        **generate_options: Any) -> dict[str, float]:
     """``n`` samples per prompt (kept, resumably, in ``OUT.samples.jsonl``), scored; the top one per
     prompt goes to ``out`` with its ``score``. ``scorer``: a ScorerConfig / dict or a scorer function."""
-    from tether.filtering import build_scorer
-    from tether.generation import generate_file, write_records
-
     out = Path(out)
     samples_path = out.with_name(f"{out.stem}.samples.jsonl")
     stats = generate_file(model, prompts_path, samples_path, n=n, **generate_options)
     records = read_corpus(samples_path)
-    score = scorer if callable(scorer) else build_scorer(scorer)
+    score = build_scorer(scorer)
     best = select_best(records, score(records))
     write_records(out, best)
     scored = [b["score"] for b in best if b["score"] is not None]

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from tether.config import ConfigError, apply_override, load_yaml, parse_overrides
+from tether.config.base import ConfigError, apply_override, load_yaml, parse_overrides
 
 DEFAULT_RECIPE = "r1-arithmetic"
 
@@ -114,7 +114,7 @@ def print_results(results: dict[str, dict]) -> None:
 @app.command("recipes")
 def recipes_cmd() -> None:
     """List the built-in recipes."""
-    from tether.pipeline import builtin_recipes, load_recipe
+    from tether.stages.pipeline import builtin_recipes, load_recipe
 
     table = Table(title="built-in recipes")
     table.add_column("name")
@@ -136,7 +136,7 @@ def run_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a recipe (default: the R1-style default recipe) and print accuracy before and after."""
-    from tether.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
 
     _setup_logging(verbose)
     overrides = list(overrides or [])
@@ -148,7 +148,7 @@ def run_cmd(
     try:
         data = apply_recipe_overrides(load_recipe(recipe), overrides)
         if constitution is not None:
-            from tether.trainers.cai import with_constitution
+            from tether.stages.cai import with_constitution
 
             try:
                 data = with_constitution(data, constitution)
@@ -172,7 +172,7 @@ def run_cmd(
 
 def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None, out: Path | None,
                       resume: bool, verbose: bool) -> None:
-    from tether.pipeline import run_recipe
+    from tether.stages.pipeline import run_recipe
 
     _setup_logging(verbose)
     run_dir = out
@@ -269,17 +269,23 @@ def eval_cmd(
 
 
 def _scorer_config(kind: str, reward_model: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ScorerConfig a ``--scorer`` option names: the verifier (``accuracy`` with ``kwargs``), a reward model,
+    or a pointwise judge (``kwargs``: its JudgeConfig fields)."""
     if kind not in ("verifier", "rm", "judge"):
         raise ConfigError(f"unknown scorer {kind!r}; valid: verifier, rm, judge")
     if kind == "rm" and not reward_model:
         raise ConfigError("--scorer rm needs --reward-model PATH")
-    return {"kind": kind, "path": reward_model, "kwargs": kwargs if kind != "rm" else {}}
+    if kind == "verifier":
+        return {"kind": "rewards", "rewards": [{"name": "accuracy", "kwargs": kwargs}]}
+    if kind == "rm":
+        return {"kind": "reward_model", "path": reward_model}
+    return {"kind": "judge", "judge": {**kwargs, "kind": "pointwise"}}
 
 
 def _best_of_n_eval(model: str, eval_cfg: dict[str, Any], best_of: str, scorers: list[str],
                     reward_model: str | None, judge: dict[str, Any], plot: Path | None) -> dict[str, float]:
     from tether.best_of_n import curves, run_best_of_n
-    from tether.config import EvalConfig
+    from tether.config.common import EvalConfig
 
     try:
         ns = [int(x) for x in best_of.split(",")]

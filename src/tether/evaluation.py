@@ -1,4 +1,4 @@
-"""Held-out task evaluation: greedy accuracy and pass@k, through the rollout engine."""
+"""Held-out evaluation through the rollout engine: task accuracy and pass@k, and agent episodes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from typing import Any
 
 import torch
 
-from tether.config import EvalConfig
+from tether.config.agent import AgentEvalConfig, AgentLoopConfig, EnvironmentConfig
+from tether.config.common import EvalConfig
 from tether.data.tokenize import tokenize_prompts
 from tether.rewards.verifiers import format_reward
 from tether.rollout import HFEngine, SamplingParams
+from tether.rollout.agent import AgentLoop, environment_renderer, trajectory_metrics
+from tether.rollout.environment import environment_records
 from tether.tasks import eval_records, get_task
 
 
@@ -54,4 +57,22 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
         k = cfg.samples
         results[f"pass@{k}"] = sum(pass_at_k(k, c, k) for c in hits) / len(hits)
         results[f"mean@{k}"] = sum(hits) / (k * len(hits))
+    return results
+
+
+@torch.no_grad()
+def evaluate_agent(model: torch.nn.Module, tokenizer: Any, env: EnvironmentConfig, loop: AgentLoopConfig,
+                   eval_cfg: AgentEvalConfig | None = None) -> dict[str, float]:
+    """Greedy episodes on held-out tasks: ``success`` rate, mean verifier ``score`` and the loop metrics
+    (and the same for sampled episodes, prefixed ``sampled/``, when ``eval_cfg.samples`` > 0)."""
+    eval_cfg = eval_cfg or AgentEvalConfig()
+    make_env, renderer = environment_renderer(env, tokenizer)
+    engine = HFEngine(model, tokenizer, batch_size=eval_cfg.batch_size)
+    records = environment_records(env, split="eval", n=eval_cfg.n, seed=eval_cfg.seed)
+    agent = AgentLoop(engine, tokenizer, make_env, renderer, loop)
+    results = trajectory_metrics(agent.run(records, SamplingParams(n=1, greedy=True)), loop.success_threshold)
+    if eval_cfg.samples:
+        sampled = agent.run(records, SamplingParams(n=eval_cfg.samples, temperature=eval_cfg.temperature,
+                                                    seed=eval_cfg.seed))
+        results.update({f"sampled/{k}": v for k, v in trajectory_metrics(sampled, loop.success_threshold).items()})
     return results

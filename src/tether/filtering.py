@@ -11,124 +11,21 @@ so the summary's ``dropped/<reason>`` counts add up to ``records - kept``. Score
 for the records still in the running, and written into the kept records (``score/verifier``,
 ``score/reward_model``) for inspection.
 
-Scorers (:func:`build_scorer`) turn records into one number each: ``verifier`` (any reward
-function, by default the task's own checker), ``rm`` (a trained reward model through
-:class:`~tether.rewards.RewardModelScorer`) or ``judge`` (a pointwise LLM judge,
-``tether.rewards.judge``, configured by the scorer's ``kwargs``). The same scorers pick the best of n
-samples in :mod:`tether.best_of_n`.
+Scores come from scorers (:func:`tether.scoring.build_scorer` of a :class:`~tether.config.ScorerConfig`):
+reward functions (by default the task's own checker), a trained reward model, or a pointwise LLM judge.
+The same scorers pick the best of n samples in :mod:`tether.best_of_n`.
 """
 
 from __future__ import annotations
 
-import atexit
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from tether.config import ConfigError, StrictModel
-
-Scorer = Callable[[Sequence[dict]], list[float | None]]
-NOT_COLUMNS = ("prompt", "completion")
-
-
-class ScorerConfig(StrictModel):
-    """What scores a sample: ``verifier`` (a reward function by name, e.g. the task checker
-    ``accuracy``), ``rm`` (a reward model at ``path``) or ``judge`` (the LLM judge reward function)."""
-
-    kind: Literal["verifier", "rm", "judge"] = "verifier"
-    name: str = Field("accuracy", description="verifier: a reward function name or import path")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="options of the reward function / judge")
-    path: str | None = Field(None, description="rm: the reward model directory")
-    batch_size: int = Field(32, ge=1)
-
-    @model_validator(mode="after")
-    def _rm_has_path(self) -> ScorerConfig:
-        if self.kind == "rm" and not self.path:
-            raise ValueError("an rm scorer needs 'path' (the reward model directory)")
-        return self
-
-    @property
-    def label(self) -> str:
-        return {"verifier": "verifier", "rm": "reward_model", "judge": "judge"}[self.kind]
-
-
-def _columns(records: Sequence[dict]) -> dict[str, list]:
-    """Columns every record has (``answer``, say), passed to reward functions as keyword lists."""
-    keys = set.intersection(*(set(r) for r in records)) - set(NOT_COLUMNS) if records else set()
-    return {k: [r[k] for r in records] for k in sorted(keys) if "/" not in k}
-
-
-def _reward_function_scorer(name: str, kwargs: dict[str, Any]) -> Scorer:
-    from tether.rewards import RewardComposer, RewardSpec
-
-    composer = RewardComposer([RewardSpec(name, 1.0, dict(kwargs))])
-
-    def score(records: Sequence[dict]) -> list[float | None]:
-        if not records:
-            return []
-        result = composer.score([r["prompt"] for r in records], [r["completion"] for r in records],
-                                _columns(records))
-        return [None if v != v else float(v) for v in result.total.tolist()]  # NaN -> None
-
-    return score
-
-
-def build_scorer(cfg: ScorerConfig | dict) -> Scorer:
-    """A function from records (``prompt``, ``completion`` and dataset columns) to one score each."""
-    cfg = cfg if isinstance(cfg, ScorerConfig) else ScorerConfig.model_validate(cfg)
-    if cfg.kind == "verifier":
-        return _reward_function_scorer(cfg.name, cfg.kwargs)
-    if cfg.kind == "rm":
-        from tether.rewards import RewardModelScorer
-
-        model = RewardModelScorer(cfg.path, batch_size=cfg.batch_size, **cfg.kwargs)
-        return lambda records: model.score([r["prompt"] for r in records], [r["completion"] for r in records])
-    return _judge_scorer(cfg.kwargs)
-
-
-def _judge_scorer(options: dict[str, Any]) -> Scorer:
-    """A pointwise LLM judge (``options``: ``tether.rewards.judge.JudgeConfig`` fields) as a scorer."""
-    try:
-        from tether.rewards.judge import build_judge
-    except ImportError as err:
-        raise ConfigError(f"the judge scorer needs tether.rewards.judge, which cannot be imported ({err})") from None
-    if options.get("kind", "pointwise") != "pointwise":
-        raise ConfigError("the judge scorer scores one sample at a time: use a pointwise judge (kind: pointwise)")
-    judge = build_judge({**options, "kind": "pointwise"})
-    atexit.register(judge.close)  # a 'serve' backend started a server process
-    return lambda records: judge.score([r["prompt"] for r in records], [r["completion"] for r in records])
-
-
-# ---- the filter --------------------------------------------------------------------------------------
-class VerifierFilter(ScorerConfig):
-    """Keep samples whose verifier score is at least ``min_score``."""
-
-    min_score: float = 1.0
-
-
-class RewardFilter(ScorerConfig):
-    """Keep samples by reward-model score: at least ``threshold`` and / or the ``top_k`` of their prompt."""
-
-    kind: Literal["verifier", "rm", "judge"] = "rm"
-    threshold: float | None = None
-    top_k: int | None = Field(None, ge=1)
-
-
-class FilterConfig(StrictModel):
-    """Which samples of a corpus to keep; every check is off unless set (empty completions always go)."""
-
-    drop_truncated: bool = Field(True, description="drop samples cut at max_new_tokens (finish_reason length)")
-    min_tokens: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=1)
-    format: Literal["r1"] | None = Field(None, description="r1: one <think>...</think> block, then an answer")
-    format_pattern: str | None = Field(None, description="a regex the whole completion must match")
-    dedup: bool = Field(True, description="drop repeated (prompt, completion) pairs, whitespace-normalised")
-    verifier: VerifierFilter | None = None
-    reward_model: RewardFilter | None = None
-    max_per_prompt: int | None = Field(None, ge=1, description="keep at most this many per prompt (best first)")
+from tether.config.rewards import FilterConfig, RewardFilter, VerifierFilter
+from tether.core.pairing import make_pairs
+from tether.scoring import RecordScorer, build_scorer
 
 
 def _length_reason(record: dict, cfg: FilterConfig) -> str | None:
@@ -184,7 +81,7 @@ def top_k_per_prompt(records: Sequence[dict], scores: Sequence[float], k: int) -
 
 
 def filter_corpus(records: Sequence[dict], cfg: FilterConfig | dict | None = None,
-                  scorers: dict[str, Scorer] | None = None) -> tuple[list[dict], dict[str, float]]:
+                  scorers: dict[str, RecordScorer] | None = None) -> tuple[list[dict], dict[str, float]]:
     """Apply ``cfg`` to ``records``; returns the kept records (with their scores) and a summary.
 
     ``scorers`` (``{"verifier": fn, "reward_model": fn}``) replace the ones ``cfg`` would build, so a
@@ -230,7 +127,7 @@ def _ranking(records: Sequence[dict]) -> list[float]:
     return [0.0] * len(records)
 
 
-def _score_and_drop(records: list[dict], label: str, spec: VerifierFilter | RewardFilter, scorer: Scorer,
+def _score_and_drop(records: list[dict], label: str, spec: VerifierFilter | RewardFilter, scorer: RecordScorer,
                     dropped: dict[str, int]) -> list[dict]:
     scores = scorer(records) if records else []
     for record, score in zip(records, scores, strict=True):
@@ -262,12 +159,10 @@ def sft_records(records: Sequence[dict], *, chat: bool = False) -> list[dict]:
 
 def preference_pairs(records: Sequence[dict], scores: Sequence[float | None], *, rule: str = "all_pairs",
                      max_per_prompt: int = 4, margin: float = 0.0, threshold: float | None = None) -> list[dict]:
-    """Chosen / rejected pairs among the samples of each prompt, by a ``tether.rewards.pairing`` rule
+    """Chosen / rejected pairs among the samples of each prompt, by a ``tether.core.pairing`` rule
     (largest score gaps first, at most ``max_per_prompt`` a prompt): for training an outcome reward
     model on a policy's own samples labelled by a checker (Cobbe et al. 2021, "Training Verifiers
     to Solve Math Word Problems")."""
-    from tether.rewards.pairing import make_pairs
-
     groups: dict[Any, list[int]] = defaultdict(list)
     for i, record in enumerate(records):
         groups[prompt_key(record)].append(i)

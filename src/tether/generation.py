@@ -33,45 +33,14 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tether.config import ConfigError
+from tether.config.base import ConfigError
 from tether.data import tokenize_prompts
+from tether.data.files import write_atomic
 from tether.data.schemas import DataError
+from tether.data.sources import read_prompt_records
 from tether.rollout import GenerationEngine, HFEngine, SamplingParams
 
 CORPUS_FIELDS = ("prompt_id", "sample", "prompt", "completion", "tokens", "finish_reason")
-
-
-# ---- prompts -----------------------------------------------------------------------------------------
-def read_prompts(path: str | Path) -> list[Any]:
-    """Prompts from a jsonl / json / parquet file with a ``prompt`` field, or a text file (one per line)."""
-    return [r["prompt"] for r in read_prompt_records(path)]
-
-
-def read_prompt_records(path: str | Path) -> list[dict]:
-    """Prompt records (``prompt`` plus any other columns, e.g. ``answer``) from a file; a ``.txt``
-    file gives one prompt per non-blank line."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"prompts file {str(path)!r} does not exist")
-    if path.suffix in (".txt", ""):
-        return [{"prompt": line} for line in path.read_text().splitlines() if line.strip()]
-    from tether.data import read_rows
-
-    rows, lines, name = read_rows(path)
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or row.get("prompt") is None:
-            where = f"line {lines[i]}" if lines else f"row {i + 1}"
-            raise DataError(f"{name}, {where}, field 'prompt': missing", source=name, row=i + 1, field="prompt")
-    return rows
-
-
-def task_prompt_records(task: str, n: int, *, options: dict | None = None, seed: int = 0,
-                        split: str = "train") -> list[dict]:
-    """``n`` prompt + answer records from a built-in task's train or held-out split."""
-    from tether.tasks import eval_records, get_task, rl_records
-
-    make = {"train": rl_records, "eval": eval_records}[split]
-    return make(get_task(task, **(options or {})), n, seed=seed)
 
 
 # ---- engines -----------------------------------------------------------------------------------------
@@ -149,19 +118,17 @@ def read_corpus(path: str | Path) -> list[dict]:
 def write_records(path: str | Path, records: Sequence[dict]) -> Path:
     """Write records as jsonl or parquet (by suffix), to a temporary name then renamed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(list(records)), tmp)
-    else:
-        with open(tmp, "w") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-    os.replace(tmp, path)
-    return path
+    def write(tmp: Path) -> None:
+        if path.suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(list(records)), tmp)
+        else:
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+    return write_atomic(path, write)
 
 
 def _check_meta(out: Path, meta: dict, resume: bool) -> None:

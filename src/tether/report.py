@@ -21,7 +21,6 @@ import io
 import json
 import logging
 import math
-import os
 import re
 import time
 from collections.abc import Iterable
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tether.data.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +374,4 @@ def write_report(run_dir: str | Path) -> Path:
         if plots or samples:
             body.append(stage_html(stage, plots, samples))
     body.append(_extra_images(run_dir))
-    path = run_dir / REPORT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page_html(*run_title(run_dir), body), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(run_dir / REPORT_FILE, page_html(*run_title(run_dir), body))

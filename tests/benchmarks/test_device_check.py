@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.pipeline import apply_recipe_overrides, builtin_recipes, load_recipe, validate_recipe
+from tether.stages.pipeline import apply_recipe_overrides, builtin_recipes, load_recipe, validate_recipe
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 

@@ -3,6 +3,7 @@
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from tether.data.tokenize import split_steps, step_sequence
 from tether.models import save_tiny
 from tether.models.reward_model import (
     build_tiny_reward_model,
@@ -10,8 +11,6 @@ from tether.models.reward_model import (
     reward_info,
     score_positions,
     set_reward_info,
-    split_steps,
-    step_sequence,
 )
 
 torch.set_num_threads(1)

@@ -87,7 +87,7 @@ def run_family(family: str, run_dir: Path) -> None:
             return
         train_grpo(stage, out=run_dir, reward_functions=[digit_fraction], resume=True)
     else:  # a recipe through the pipeline, as `tether run` does (a finished stage is skipped)
-        from tether.pipeline import run_recipe
+        from tether.stages.pipeline import run_recipe
 
         run_recipe({"name": family, "stages": [stage]}, run_dir, resume=True, report=False)
 

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from tether.config.rewards import JudgeSamplingConfig
 from tether.rewards.judge import EndpointJudgeBackend, PairwiseJudge
 from tether.rollout import EndpointError, OpenAIEngine, SamplingParams
 
@@ -141,7 +142,7 @@ def test_a_connection_that_keeps_dropping_spends_the_retries_then_fails_clearly(
 def test_a_judge_over_a_dropping_endpoint_recovers(raw_server, tmp_path):
     server = raw_server(["close", "reset"])
     engine = OpenAIEngine(server.base_url, "judge", cache_dir=tmp_path, **FAST)
-    judge = PairwiseJudge(EndpointJudgeBackend(engine, max_new_tokens=4), template="compact-pairwise")
+    judge = PairwiseJudge(EndpointJudgeBackend(engine, sampling=JudgeSamplingConfig(max_new_tokens=4)), template="compact-pairwise")
     assert judge.compare(["q"], ["a"], ["b"]) == [None]  # "ok" is no verdict: counted, not a crash
     assert judge.take_metrics()["judge/unparseable"] == 2 and engine.stats["retries"] == 2
 

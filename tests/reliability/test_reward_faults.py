@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
+from tether.config.rl import GRPOConfig
 from tether.models import build_tiny
 from tether.rewards import RewardFunctionError
-from tether.trainers.rl import GRPOConfig, RLTrainer
+from tether.trainers.rl import RLTrainer
 
 torch.set_num_threads(1)
 

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
+from tether.config.rewards import JudgeSamplingConfig
 from tether.models import build_tiny
-from tether.rewards import RewardComposer, RewardSpec
+from tether.rewards import RewardSpec
 from tether.rewards.cai import (
     combine_orders,
     critique_and_revise,
@@ -17,8 +18,10 @@ from tether.rewards.cai import (
 from tether.rewards.constitution import load_constitution, parse_constitution
 from tether.rewards.judge import EndpointJudgeBackend, EngineJudgeBackend, PairwiseJudge
 from tether.rollout import HFEngine, OpenAIEngine
+from tether.rollout.engines import TextFunctionEngine
+from tether.scoring import reward_composer
 from tether.serve import BackgroundServer, create_app
-from tether.tasks.secret import REFUSAL, RuleJudgeEngine, prompt_text, rule_judge
+from tether.tasks.secret import REFUSAL, prompt_text, rule_judge
 
 SHORT = parse_constitution("""\
 principles:
@@ -49,7 +52,7 @@ class Spy:
 
 def test_the_chain_runs_on_a_local_tiny_model_judge():
     model, tokenizer = build_tiny()
-    local = EngineJudgeBackend(HFEngine(model, tokenizer), tokenizer, max_new_tokens=6)  # greedy: deterministic
+    local = EngineJudgeBackend(HFEngine(model, tokenizer), tokenizer, sampling=JudgeSamplingConfig(max_new_tokens=6))  # greedy: deterministic
     spy = Spy(local)
     records, figures = critique_and_revise(spy, SHORT, PROMPTS, ANSWERS, rounds=2, seed=3)
     assert len(spy.calls) == 4  # critiques then revisions, per round, each one batch
@@ -88,9 +91,9 @@ def test_rule_judge_revisions_depend_on_the_sampled_principle():
 
 def test_the_chain_reaches_a_judge_served_over_http():
     tokenizer = build_tiny()[1]
-    app = create_app(engine=RuleJudgeEngine(tokenizer), tokenizer=tokenizer, model_name="rules")
+    app = create_app(engine=TextFunctionEngine(rule_judge, tokenizer), tokenizer=tokenizer, model_name="rules")
     with BackgroundServer(app) as server:
-        backend = EndpointJudgeBackend(OpenAIEngine(server.base_url, "rules", backoff=0.001), max_new_tokens=64)
+        backend = EndpointJudgeBackend(OpenAIEngine(server.base_url, "rules", backoff=0.001), sampling=JudgeSamplingConfig(max_new_tokens=64))
         records, _ = critique_and_revise(backend, SECRET_ONLY, PROMPTS, ANSWERS, rounds=1)
     assert [r["revision"] for r in records] == [REFUSAL, "dog cat", REFUSAL]
 
@@ -156,10 +159,10 @@ def test_judge_bias_by_hand():
 def test_the_judge_reward_is_the_normalised_pointwise_score():
     judge = {"backend": "callable", "model": "tether.tasks.secret:rule_judge"}
     completions = ["O-P-A-L", "dog cat", REFUSAL]
-    composer = RewardComposer([RewardSpec("judge", 1.0, {"judge": judge})])
+    composer = reward_composer([RewardSpec("judge", 1.0, {"judge": judge})])
     assert composer.score(PROMPTS, completions, {"answer": ["x"] * 3}).total.tolist() == [-1.0, 1.0, 1.0]
-    raw = RewardComposer([RewardSpec("judge", 1.0, {"judge": judge, "normalize": False, "constitution": "default"})])
+    raw = reward_composer([RewardSpec("judge", 1.0, {"judge": judge, "normalize": False, "constitution": "default"})])
     assert raw.score(PROMPTS, completions).total.tolist() == [1.0, 10.0, 10.0]
     with pytest.raises(ValueError, match="does not accept"):
-        RewardComposer([RewardSpec("judge", 1.0, {"judge": judge, "normalise": True})])
+        reward_composer([RewardSpec("judge", 1.0, {"judge": judge, "normalise": True})])
     assert len(load_constitution("default")) >= 5

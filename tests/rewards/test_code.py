@@ -55,8 +55,9 @@ def test_code_task_verifies_with_hidden_tests_and_demonstrates_its_solution():
 
 def test_code_tests_reward_in_grpo(tmp_path):
     """Loop 5: the code verifier as the reward of the plain GRPO trainer."""
+    from tether.config.rl import GRPOConfig
     from tether.models import build_tiny
-    from tether.trainers.rl import GRPOConfig, RLTrainer
+    from tether.trainers.rl import RLTrainer
 
     cfg = GRPOConfig(name="rl", data={"task": {"name": "code", "n": 8}}, rollout={"group_size": 2, "max_new_tokens": 8},
                      rewards=[{"name": "code_tests"}], train={"max_steps": 1, "batch_size": 2, "progress": False},

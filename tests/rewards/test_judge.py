@@ -7,12 +7,11 @@ import types
 
 import pytest
 
+from tether.config.rewards import JudgeConfig, JudgeSamplingConfig
 from tether.rewards.judge import (
     EndpointJudgeBackend,
-    JudgeConfig,
     PairwiseJudge,
     PointwiseJudge,
-    build_judge,
     judge_records,
     load_template,
     parse_score,
@@ -21,6 +20,7 @@ from tether.rewards.judge import (
     template_names,
 )
 from tether.rollout import EndpointError, OpenAIEngine
+from tether.scoring import build_judge
 from tether.tasks import get_task
 
 
@@ -111,7 +111,7 @@ def _verdict_by_digits(body):
 
 def _endpoint_judge(url, cache_dir, **engine):
     engine = OpenAIEngine(url, "judge", cache_dir=cache_dir, backoff=0.001, **engine)
-    return PairwiseJudge(EndpointJudgeBackend(engine, max_new_tokens=4), template="compact-pairwise"), engine
+    return PairwiseJudge(EndpointJudgeBackend(engine, sampling=JudgeSamplingConfig(max_new_tokens=4)), template="compact-pairwise"), engine
 
 
 def test_judgments_over_http_are_cached_and_survive_500s(fake_endpoint, tmp_path):

@@ -72,8 +72,9 @@ def test_shards_cover_the_batch_in_order():
 
 @pytest.mark.slow
 def test_grpo_with_ray_reward_workers_logs_the_in_process_rewards(local_ray, tmp_path):
+    from tether.config.rl import GRPOConfig
     from tether.models import build_tiny
-    from tether.trainers.rl import GRPOConfig, RLTrainer
+    from tether.trainers.rl import RLTrainer
 
     def rewards(workers: int) -> list[float]:
         model, tokenizer = build_tiny("tiny", seed=0)

@@ -5,7 +5,8 @@ import torch
 
 from tether.core.reward import STEP_AGGREGATIONS
 from tether.data import tokenize_sft
-from tether.models.reward_model import build_tiny_reward_model, set_reward_info, step_sequence
+from tether.data.tokenize import step_sequence
+from tether.models.reward_model import build_tiny_reward_model, set_reward_info
 from tether.rewards import RewardComposer
 from tether.rewards.scorer import RewardModelScorer, reward_model
 

@@ -68,7 +68,8 @@ def build(trainer: str, strategy: str, out: Path, steps: int, save_every: int | 
         cfg = DPOConfig(**common, loss="sigmoid", beta=0.5,
                         data={"task": {"n": 24, "eval_n": 4}, "pack_length": 256}, train={**train, "batch_size": 2})
         return PreferenceTrainer(cfg, model, tokenizer, out, stage=trainer)
-    from tether.trainers.rl import GRPOConfig, RLTrainer
+    from tether.config.rl import GRPOConfig
+    from tether.trainers.rl import RLTrainer
 
     cfg = GRPOConfig(**common, algorithm="grpo", loss_agg="token-mean", kl={"coef": 0.1, "estimator": "k3"},
                      data={"task": {"name": "arithmetic", "n": 32}}, rollout={"group_size": 4, "max_new_tokens": 8},

@@ -8,8 +8,9 @@ import torch
 from tether.data import tokenize_sft
 from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
+from tether.rollout.agent import demonstration_records
 from tether.models import build_tiny
-from tether.trainers.agent import AgentConfig, AgentRLTrainer, demonstration_records, gigpo_token_advantages
+from tether.trainers.agent import AgentConfig, AgentRLTrainer, gigpo_token_advantages
 
 ENV = {"task": {"name": "multiplication", "options": {"digits": 2}, "n": 64}, "tools": ["calculator"],
        "system_prompt": False, "max_observation_chars": 24}
@@ -55,9 +56,9 @@ def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl, share)
     collect, loss = t.collect, t.loss
     batches, row_orders = [], []
     t.collect = lambda: batches.append(collect()) or batches[-1]
-    t.loss = lambda rollout, rows, *args: row_orders.append(rows.tolist()) or loss(rollout, rows, *args)
+    t.loss = lambda batch, rows, *args: row_orders.append(rows.tolist()) or loss(batch, rows, *args)
     t.training_step()
-    rollout = batches[0][1]
+    rollout = batches[0].rollout
     assert len(captured) == len(row_orders) == 2 and sum(sum(m) < len(m) for m in rollout.action_masks) > 0
     for logits, order in zip(captured, row_orders, strict=True):
         # the update forward's layout: each group's completions share their common prefix, or side by side
@@ -131,12 +132,13 @@ def test_gigpo_adds_the_step_term_to_the_episode_advantage(tmp_path):
 
     cfg = config(gigpo={"weight": 0.5, "gamma": 0.9}, train={"max_steps": 1, "batch_size": 2, "progress": False})
     t = trainer(tmp_path, cfg)
-    _, rollout, rewards, _ = t.collect()
-    mask = rollout.to_padded(0)["completion_mask"].float()
+    batch = t.collect()
+    t.prepare(batch)
+    rollout, rewards, mask = batch.rollout, batch.rewards, batch.mask
     inputs = AdvantageInputs(rewards=rewards, mask=mask, group_size=4)
     step = gigpo_token_advantages(rollout.trajectories, rewards, 4, mask.shape[1], cfg.gigpo)
     assert step.abs().sum() > 0
-    assert torch.allclose(t.advantages(rollout, inputs).advantages,
+    assert torch.allclose(t.advantages(batch).advantages,
                           compute_advantages("grpo", inputs).advantages + 0.5 * step * mask)
 
 
@@ -168,7 +170,7 @@ def test_agent_config_rejects_what_it_cannot_do():
 @pytest.mark.slow
 def test_agent_arithmetic_recipe_raises_held_out_success(tmp_path):
     from tether import stages  # noqa: F401
-    from tether.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
 
     recipe = apply_recipe_overrides(load_recipe("agent-arithmetic"), ["*.train.threads=1", "*.train.progress=false"])
     results = run_recipe(recipe, tmp_path, report=False)
@@ -178,7 +180,7 @@ def test_agent_arithmetic_recipe_raises_held_out_success(tmp_path):
 @pytest.mark.slow
 def test_code_tests_recipe_runs_end_to_end(tmp_path):
     from tether import stages  # noqa: F401
-    from tether.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
 
     recipe = apply_recipe_overrides(load_recipe("code-tests"), ["*.train.threads=1", "*.train.progress=false"])
     results = run_recipe(recipe, tmp_path, report=False)

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
 from tether.models import build_tiny
 from tether.stages import train_grpo
+from tether.stages.cai import ai_labels, train_sl_cai
 from tether.tasks.secret import REFUSAL, helpful_answer, parse_prompt, reveals
-from tether.trainers.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig, ai_labels, train_sl_cai
 
 RULES = {"backend": "callable", "model": "tether.tasks.secret:rule_judge"}
 QUIET = {"progress": False, "log_every": 1}
@@ -84,8 +85,8 @@ def test_another_constitution_for_a_whole_recipe(tmp_path):
     from typer.testing import CliRunner
 
     from tether.cli import app
-    from tether.pipeline import load_recipe
-    from tether.trainers.cai import with_constitution
+    from tether.stages.cai import with_constitution
+    from tether.stages.pipeline import load_recipe
 
     good = tmp_path / "mine.txt"
     good.write_text("critique_request: Does it reveal a secret?\nrevision_request: Hide it.\n")
@@ -116,7 +117,7 @@ def test_d_rlaif_trains_grpo_on_the_judge_score(tmp_path):
 
 @pytest.mark.slow
 def test_cai_recipe_lowers_the_violation_rate_at_each_step(tmp_path):
-    from tether.pipeline import load_recipe, run_recipe
+    from tether.stages.pipeline import load_recipe, run_recipe
 
     results = run_recipe(load_recipe("cai"), tmp_path, report=False)
     sft, sl_cai, rlaif = (results[s]["violation_rate"] for s in ("sft", "sl_cai", "rlaif"))
@@ -126,7 +127,7 @@ def test_cai_recipe_lowers_the_violation_rate_at_each_step(tmp_path):
 
 @pytest.mark.slow
 def test_d_rlaif_recipe_lowers_the_violation_rate(tmp_path):
-    from tether.pipeline import load_recipe, run_recipe
+    from tether.stages.pipeline import load_recipe, run_recipe
 
     results = run_recipe(load_recipe("d-rlaif"), tmp_path, report=False)
     assert results["grpo"]["violation_rate"] < results["sft"]["violation_rate"]

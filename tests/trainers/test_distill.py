@@ -8,14 +8,14 @@ import re
 
 import pytest
 
+from tether.config.distill import SelfDistillConfig
 from tether.data import IGNORE_INDEX, tokenize_sft
 from tether.generation import generate_corpus, read_corpus
 from tether.models.tiny import build_tokenizer
-from tether.pipeline import load_recipe, run_recipe
 from tether.rollout import SamplingParams
+from tether.stages.pipeline import load_recipe, run_recipe
 from tether.tasks import get_task, rl_records
 from tether.tasks.arithmetic import addition_trace
-from tether.trainers.distill import SelfDistillConfig
 from tether.trainers.metrics import read_metrics
 
 TASK = get_task("arithmetic", digits=2, operators="+")
@@ -39,7 +39,7 @@ def test_filtered_corpus_trains_a_shallower_student_on_whole_traces(tmp_path, sc
                     progress=False)
     recipe = {"stages": [
         {"name": "filter", "type": "filter", "input": str(corpus),
-         "filter": {"verifier": {"name": "accuracy"}, "format": "r1"}},
+         "filter": {"verifier": {"rewards": [{"name": "accuracy"}]}, "format": "r1"}},
         {"name": "student", "type": "sft", "model": {"name_or_path": "tether/tiny",
                                                        "config_overrides": {"num_hidden_layers": 2}},
          "data": {"path": "@filter/corpus.jsonl"}, "train": {"max_steps": 12, "batch_size": 8, "log_every": 1,
@@ -68,7 +68,7 @@ def test_generate_filter_sft_recipe_wires_by_stage_reference(tmp_path):
     recipe = {"defaults": quick, "stages": [
         {"name": "gen", "type": "generate", "model": {"name_or_path": "tether/tiny"}, "output": "parquet",
          "prompts": {"task": {"name": "arithmetic", "n": 4}}, "sampling": {"n": 2, "max_new_tokens": 6},
-         "verifier": {"name": "accuracy"}},
+         "verifier": {"rewards": [{"name": "accuracy"}]}},
         {"name": "keep", "type": "filter", "input": "@gen/corpus.parquet", "filter": {"drop_truncated": False}},
         {"name": "sft", "type": "sft", "model": {"name_or_path": "tether/tiny"}, "data": {"path": "@keep/corpus.jsonl"},
          "train": {"max_steps": 2, "batch_size": 2}},
@@ -81,7 +81,7 @@ def test_generate_filter_sft_recipe_wires_by_stage_reference(tmp_path):
 
 
 def test_star_rounds_keep_exactly_the_verified_samples_and_restart_from_the_base(tmp_path):
-    verifier = {"name": "regex", "kwargs": {"pattern": r"\d"}}  # "has a digit": some of a random model's samples
+    verifier = {"rewards": [{"name": "regex", "kwargs": {"pattern": r"\d"}}]}  # "has a digit": some of a random model's samples
     cfg = {"name": "star", "type": "self_distill", "algorithm": "star", "iterations": 2,
            "model": {"name_or_path": "tether/tiny"},
            "prompts": {"task": {"name": "arithmetic", "n": 8}}, "sampling": {"n": 2, "max_new_tokens": 12},

@@ -8,11 +8,13 @@ import re
 import pytest
 import torch
 
+from tether.config.rewards import JudgeSamplingConfig
 from tether.models import build_tiny
 from tether.rewards.judge import EndpointJudgeBackend, PairwiseJudge
 from tether.rollout import OpenAIEngine, Rollout
 from tether.serve import BackgroundServer, create_app
-from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer, train_online_dpo
+from tether.stages.api import train_online_dpo
+from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
@@ -61,7 +63,7 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
 
     first, _ = build_tiny()
     interrupted = OnlinePreferenceTrainer(cfg, first, tokenizer, tmp_path / "b", reward_functions=[digit_fraction])
-    interrupted.scorer = interrupted._build_scorer()
+    interrupted.scorer = interrupted.build_scorer()
     for _ in range(4):  # round 0 and the first step of round 1, then a checkpoint, then "killed"
         interrupted.training_step()
         interrupted.step += 1
@@ -99,7 +101,7 @@ def test_oaif_with_a_pairwise_judge_over_http_raises_the_judged_quality(tmp_path
     assert cfg.rollout.samples == 2 and cfg.steps_per_round == 1 and cfg.train.max_steps == 12
     with BackgroundServer(create_app(engine=DigitJudge(tokenizer), tokenizer=tokenizer, model_name="judge")) as server:
         engine = OpenAIEngine(server.base_url, "judge", cache_dir=tmp_path / "cache")
-        judge = PairwiseJudge(EndpointJudgeBackend(engine, max_new_tokens=2), template="compact-pairwise")
+        judge = PairwiseJudge(EndpointJudgeBackend(engine, sampling=JudgeSamplingConfig(max_new_tokens=2)), template="compact-pairwise")
         train_online_dpo(cfg, out=tmp_path, model=model, tokenizer=tokenizer, judge=judge)
     assert engine.stats["requests"] == 12 * 16 * 2  # every pair judged fresh, in both orders
     consistency = rounds_logged(tmp_path, "judge/consistency")
@@ -113,8 +115,8 @@ def test_oaif_with_a_pairwise_judge_over_http_raises_the_judged_quality(tmp_path
 
 def test_self_rewarding_has_the_policy_judge_its_own_samples(tmp_path):
     model, tokenizer = build_tiny()
-    judge = {"kind": "pointwise", "template": "compact-pointwise", "scale": [0, 9], "max_tokens": 1}
-    cfg = config(self_rewarding=True, rounds=1, steps_per_round=2, scorer={"type": "judge", "judge": judge})
+    judge = {"kind": "pointwise", "template": "compact-pointwise", "scale": [0, 9], "sampling": {"max_new_tokens": 1}}
+    cfg = config(self_rewarding=True, rounds=1, steps_per_round=2, scorer={"kind": "judge", "judge": judge})
     assert cfg.scorer.judge.backend == "policy"
     results = OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path).fit()
     replies = rounds_logged(tmp_path, "judge/replies")
@@ -137,8 +139,8 @@ def test_config_rules():
     with pytest.raises(ValueError, match="valid names"):
         config(pairs={"rule": "nope"})
     with pytest.raises(ValueError, match="self_rewarding"):
-        config(scorer={"type": "judge", "judge": {"backend": "policy"}})
-    with pytest.raises(ValueError, match=r"needs scorer\.type 'judge'"):
+        config(scorer={"kind": "judge", "judge": {"backend": "policy"}})
+    with pytest.raises(ValueError, match=r"needs scorer\.kind 'judge'"):
         config(self_rewarding=True)
     cfg = config(rounds=4, steps_per_round=5)
     assert cfg.train.max_steps == 20 and cfg.train.save_every == 5  # a checkpoint at every round boundary
@@ -148,7 +150,7 @@ def test_config_rules():
 
 
 def _run(name, tmp_path, *overrides):
-    from tether.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
 
     return run_recipe(apply_recipe_overrides(load_recipe(name), ["*.train.threads=1", *overrides]), tmp_path,
                       report=False)

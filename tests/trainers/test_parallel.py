@@ -171,8 +171,9 @@ def test_helpers_are_identities_in_one_process():
 
 
 def test_rl_ranks_draw_the_single_process_prompts_in_whole_groups(tmp_path):
+    from tether.config.rl import GRPOConfig
     from tether.models import build_tiny
-    from tether.trainers.rl import GRPOConfig, RLTrainer
+    from tether.trainers.rl import RLTrainer
 
     def draws(rank: int, world: int, batch: int) -> list[int]:
         model, tokenizer = build_tiny("tiny", seed=0)

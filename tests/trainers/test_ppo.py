@@ -9,7 +9,8 @@ from tether.models import apply_lora, build_tiny
 from tether.models.reward_model import build_tiny_reward_model
 from tether.models.value_model import SharedLoraActorCritic
 from tether.rewards.scorer import RewardModelScorer
-from tether.trainers.ppo import PPOConfig, PPOTrainer, RunningMoments, shape_scores
+from tether.rewards.shaping import RunningMoments, shape_scores
+from tether.trainers.ppo import PPOConfig, PPOTrainer
 from tether.trainers.reward import RewardModelConfig, RewardModelTrainer
 
 
@@ -59,7 +60,7 @@ def test_ppo_raises_the_reward_model_score(tmp_path, digit_reward_model):
     cfg = config(rewards=[], critic={"init": "reward_model", "lr": 3e-3})
     t = trainer(tmp_path, cfg, rewards=(digit_reward_model,))
     assert torch.equal(t.model.critic.score.weight, digit_reward_model.model.score.weight)
-    proxy = run(t, 10, "reward/proxy")["reward/proxy"]
+    proxy = run(t, 10, "reward/mean")["reward/mean"]
     assert sum(proxy[-3:]) / 3 > sum(proxy[:3]) / 3 + 1.0, proxy
 
 
@@ -161,5 +162,5 @@ def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="no reward model is named"):
         PPOTrainer(config(critic={"init": "reward_model"}), build_tiny()[0], build_tiny()[1], "unused",
                    reward_functions=[digit_fraction])
-    with pytest.raises(ValueError, match="PPO needs a reward"):
+    with pytest.raises(ValueError, match="needs a reward"):
         PPOTrainer(config(), build_tiny()[0], build_tiny()[1], "unused")

@@ -10,9 +10,10 @@ import torch
 from tether.core.preference import PREFERENCE_LOSSES
 from tether.data import DataError
 from tether.models import build_tiny
+from tether.stages.api import train_dpo
 from tether.tasks import get_task
 from tether.tasks.preferences import preference_records, split_pairs
-from tether.trainers.preference import REFERENCE_CACHE, DPOConfig, PreferenceTrainer, train_dpo
+from tether.trainers.preference import REFERENCE_CACHE, DPOConfig, PreferenceTrainer
 
 torch.set_num_threads(1)
 TASK = get_task("arithmetic", digits=2)

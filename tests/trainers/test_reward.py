@@ -8,15 +8,12 @@ from transformers import AutoModelForSequenceClassification
 
 from tether.core.reward import bradley_terry_loss
 from tether.data import DataError
+from tether.data.pairs import load_pair_records
 from tether.models.reward_model import build_tiny_reward_model, reward_info
+from tether.stages.api import train_reward_model
 from tether.tasks import get_task
 from tether.tasks.preferences import preference_records, stepwise_records
-from tether.trainers.reward import (
-    RewardModelConfig,
-    RewardModelTrainer,
-    load_pair_records,
-    train_reward_model,
-)
+from tether.trainers.reward import RewardModelConfig, RewardModelTrainer
 
 torch.set_num_threads(1)
 TASK = get_task("arithmetic", digits=2)

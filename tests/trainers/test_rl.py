@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from tether.config.rl import GRPOConfig
 from tether.models import apply_lora, build_tiny
 from tether.rollout import SamplingParams
-from tether.trainers.rl import GRPOConfig, RLTrainer, completion_logprobs
+from tether.trainers.rl import RLTrainer, completion_logprobs
 
 PRESETS = ["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo"]
 

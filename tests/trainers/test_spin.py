@@ -6,8 +6,11 @@ import json
 import pytest
 import torch
 
+from tether.config.preference import SPINConfig
+from tether.data.sources import demonstration_records
 from tether.models import build_tiny
-from tether.trainers.spin import SPINConfig, SPINTrainer, spin_pairs, spin_records, train_spin
+from tether.stages.api import train_spin
+from tether.trainers.online_preference import SPINTrainer, spin_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
@@ -35,10 +38,10 @@ def test_spin_pairs_put_the_demonstration_first_and_drop_matches():
 def test_spin_rounds_pair_demos_with_generations_against_the_previous_iterate(tmp_path):
     cfg = config()
     model, tokenizer = build_tiny()
-    records = spin_records(cfg.data)
+    records = demonstration_records(cfg.data)
     trainer = SPINTrainer(cfg, model, tokenizer, tmp_path, records=records)
     assert trainer.ref_model is None  # the reference is the policy itself at each round's start
-    trainer.scorer = trainer._build_scorer()
+    trainer.scorer = trainer.build_scorer()
     for _ in range(cfg.steps_per_round):  # round 1
         trainer.training_step()
         trainer.step += 1
@@ -70,13 +73,13 @@ def test_spin_raises_the_demonstrations_margin(tmp_path):
 
 def test_spin_rejects_what_it_does_not_use():
     with pytest.raises(ValueError, match="spin takes no scorer"):
-        config(scorer={"type": "rewards"})
+        config(scorer={"kind": "rewards"})
     assert config().reference == "round" and config().rollout.samples == 1
 
 
 @pytest.mark.slow
 def test_spin_recipe_beats_the_sft_model_after_two_iterations(tmp_path):
-    from tether.pipeline import load_recipe, run_recipe
+    from tether.stages.pipeline import load_recipe, run_recipe
 
     results = run_recipe(load_recipe("spin-arithmetic"), tmp_path, report=False)
     assert results["spin"]["round_2/accuracy"] > results["sft"]["accuracy"]

@@ -276,7 +276,7 @@ def reinforce_pp(
     )
 
 
-@ADVANTAGE_ESTIMATORS.register("remax")
+@ADVANTAGE_ESTIMATORS.register("remax", needs=("baseline_rewards",))
 @torch.no_grad()
 def remax(inputs: AdvantageInputs) -> AdvantageOutputs:
     """ReMax: A_i = r_i - r(greedy_i), the reward of a greedy rollout of the same prompt as baseline.
@@ -292,7 +292,7 @@ def remax(inputs: AdvantageInputs) -> AdvantageOutputs:
     return AdvantageOutputs(advantages=advantages, returns=None, metrics=metrics)
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
+@ADVANTAGE_ESTIMATORS.register("gae", needs=("values",))
 @torch.no_grad()
 def gae(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6

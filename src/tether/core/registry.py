@@ -18,18 +18,30 @@ class Registry(Generic[F]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, F] = {}
+        self._needs: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str, *aliases: str) -> Callable[[F], F]:
-        """Decorator: register ``fn`` under ``name`` (and any aliases)."""
+    def register(self, name: str, *aliases: str, needs: tuple[str, ...] = ()) -> Callable[[F], F]:
+        """Decorator: register ``fn`` under ``name`` (and any aliases).
+
+        ``needs`` names the inputs the entry reads beyond what every entry of its kind gets (an
+        advantage estimator's ``values`` or ``baseline_rewards``), so a trainer asks the registry
+        what to prepare instead of special-casing names.
+        """
 
         def decorator(fn: F) -> F:
             for key in (name, *aliases):
                 if key in self._entries:
                     raise ValueError(f"{self.kind} {key!r} is already registered")
                 self._entries[key] = fn
+                self._needs[key] = frozenset(needs)
             return fn
 
         return decorator
+
+    def needs(self, name: str) -> frozenset[str]:
+        """The extra inputs the entry ``name`` declared (empty for most); KeyError for an unknown name."""
+        self.get(name)
+        return self._needs[name]
 
     def get(self, name: str) -> F:
         try:

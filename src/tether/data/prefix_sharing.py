@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,71 +164,3 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
     allowed = (q == k) & causal & ((branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :]))
     shared = sum(p * (len(seg) - 1) for seg, p in zip(segments, prefixes, strict=True))
     return PrefixPacked(input_ids, positions, allowed, rows, columns, shared)
-
-
-def sequence_token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
-                            first_targets: Sequence[int], groups: Sequence[int] | None = None,
-                            temperature: float = 1.0, row_tokens: int, pad_token_id: int,
-                            with_entropy: bool = False, entropy_grad: bool = False, only_if_cheaper: bool = False
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
-
-    Returns ``(logps, valid, entropy)``, each (N, W) with W the most scored tokens of any sequence:
-    ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
-    ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
-    from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
-    ``groups`` id share their common prefix when the model takes custom masks (and, with
-    ``only_if_cheaper``, when :func:`sharing_pays`); otherwise (or with ``groups=None``) they are
-    packed side by side.
-    """
-    from tether.core.logprobs import entropy_from_logits, selective_log_softmax
-    from tether.data.packing import pack_sequences
-
-    device = next(model.parameters()).device
-    lengths = torch.tensor([len(s) for s in sequences])
-    first = torch.as_tensor(list(first_targets), dtype=torch.long)
-    if bool((first < 1).any()) or bool((first > lengths).any()):
-        raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
-    if (groups is not None and supports_custom_masks(model)
-            and (not only_if_cheaper
-                 or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model)))):
-        packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
-        inputs, rows, columns = packed.model_inputs(model), packed.rows, packed.columns
-    else:
-        plain = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
-        inputs, rows = plain.model_inputs(), plain.rows
-        steps = torch.arange(int(lengths.max()))
-        columns = torch.where(steps[None, :] < lengths[:, None], plain.starts[:, None] + steps[None, :], -1)
-    width_in = inputs["input_ids"].shape[1]
-    logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
-
-    width = int((lengths - first).max())
-    j = torch.arange(width)
-    valid = j[None, :] < (lengths - first)[:, None]
-    targets_at = (first[:, None] + j[None, :]).clamp(max=columns.shape[1] - 1)
-    padded = torch.full(columns.shape, pad_token_id, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        padded[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    targets = padded.gather(1, targets_at)[valid]
-    predicted_at = columns.gather(1, targets_at - 1)[valid]
-    keys = (rows[:, None].expand_as(valid)[valid] * width_in + predicted_at).to(device)
-    targets = targets.to(device)
-    # One label per logits position; where a shared position predicts two tokens (a branch point),
-    # the other tokens are scored from a gathered copy of just those rows.
-    labels = torch.full((logits.shape[0] * width_in,), -100, dtype=torch.long, device=device)
-    labels[keys] = targets
-    primary = labels[keys] == targets
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    values = selective_log_softmax(logits, labels.view(logits.shape[:2]), temperature=temperature).view(-1)[keys]
-    if not bool(primary.all()):
-        extra = (~primary).nonzero().squeeze(-1)
-        scored = selective_log_softmax(flat_logits[keys[extra]], targets[extra], temperature=temperature)
-        values = torch.where(primary, values, torch.zeros_like(values).index_put((extra,), scored))
-    valid = valid.to(device)
-    logps = torch.zeros(valid.shape, dtype=values.dtype, device=device).masked_scatter(valid, values)
-    entropy = None
-    if with_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            ent = entropy_from_logits(logits, temperature=temperature).view(-1)[keys]
-            entropy = torch.zeros(valid.shape, dtype=ent.dtype, device=device).masked_scatter(valid, ent)
-    return logps, valid, entropy

@@ -224,3 +224,27 @@ def tokenize_dataset(records: Sequence[dict], tokenizer: Any, *, kind: Literal["
              stats["records"], kind, stats["examples"], stats["truncated"], stats["dropped"], stats["split"],
              max_length)
     return examples, stats
+
+
+def split_steps(completion: str, separator: str) -> list[str]:
+    """A generated completion cut into steps at ``separator``; empty or blank pieces are dropped."""
+    return [s for s in completion.split(separator) if s.strip()]
+
+
+def step_sequence(prompt: Any, steps: Sequence[str], tokenizer: Any, separator: str) -> tuple[list[int], list[int]]:
+    """Ids of ``prompt + step_1 + sep + step_2 + sep ...`` and the position of each separator's last token.
+
+    The prompt is tokenised as for generation (``bos + prompt``, or the chat template with the
+    assistant header); each step and separator separately, so the layout is the same for every
+    record and for the scorer.
+    """
+    ids = tokenize_prompt(prompt, tokenizer)
+    sep = list(tokenizer(separator, add_special_tokens=False)["input_ids"])
+    if not sep:
+        raise ValueError(f"the step separator {separator!r} tokenises to nothing")
+    positions = []
+    for step in steps:
+        ids.extend(tokenizer(step, add_special_tokens=False)["input_ids"])
+        ids.extend(sep)
+        positions.append(len(ids) - 1)
+    return ids, positions

@@ -27,7 +27,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from tether.data import PackedSequences, pack_sequences, tokenize_prompt
+from tether.data import PackedSequences, pack_sequences
 
 log = logging.getLogger(__name__)
 
@@ -187,27 +187,3 @@ def score_positions(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
     row = rows.rows.repeat_interleave(counts)
     cols = rows.starts.repeat_interleave(counts) + torch.tensor([q for p in positions for q in p], dtype=torch.long)
     return scores[row.to(scores.device), cols.to(scores.device)]
-
-
-def split_steps(completion: str, separator: str) -> list[str]:
-    """A generated completion cut into steps at ``separator``; empty or blank pieces are dropped."""
-    return [s for s in completion.split(separator) if s.strip()]
-
-
-def step_sequence(prompt: Any, steps: Sequence[str], tokenizer: Any, separator: str) -> tuple[list[int], list[int]]:
-    """Ids of ``prompt + step_1 + sep + step_2 + sep ...`` and the position of each separator's last token.
-
-    The prompt is tokenised as for generation (``bos + prompt``, or the chat template with the
-    assistant header); each step and separator separately, so the layout is the same for every
-    record and for the scorer.
-    """
-    ids = tokenize_prompt(prompt, tokenizer)
-    sep = list(tokenizer(separator, add_special_tokens=False)["input_ids"])
-    if not sep:
-        raise ValueError(f"the step separator {separator!r} tokenises to nothing")
-    positions = []
-    for step in steps:
-        ids.extend(tokenizer(step, add_special_tokens=False)["input_ids"])
-        ids.extend(sep)
-        positions.append(len(ids) - 1)
-    return ids, positions

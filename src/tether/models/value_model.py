@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from tether.config.rl import RLConfig
 from tether.data import PackedSequences, pack_sequences
 
 log = logging.getLogger(__name__)
@@ -319,3 +320,31 @@ class _LoraValueExport(nn.Module):
             {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}, indent=2, default=str))
         save_file({k: v.contiguous() for k, v in self.adapter_state.items()}, str(path / "adapter_model.safetensors"))
         save_file(dict(self.head.state_dict()), str(path / VALUE_HEAD_FILE))
+
+
+def build_actor_critic(config: RLConfig, policy: torch.nn.Module, tokenizer: Any, critic: Any = None,
+                       reward_functions: list | None = None) -> ActorCritic | SharedLoraActorCritic:
+    """Policy + critic. The critic: ``critic`` (a loaded value / reward / causal LM, or a path), else
+    ``config.critic.name_or_path``, else by ``config.critic.init`` the reward model (the path of the
+    config's ``reward_model`` reward, or a ``RewardModelScorer`` among ``reward_functions``) or the policy."""
+    cc = config.critic
+    if cc.share_backbone:
+        return SharedLoraActorCritic(policy, seed=cc.seed)
+    device, seed = config.model.device, cc.seed
+    source = critic if critic is not None else cc.name_or_path
+    if source is None and cc.init == "reward_model":
+        source = config.reward_model_path()
+        scorers = [f for f in reward_functions or [] if hasattr(f, "model") and hasattr(f, "score")]
+        if source is None and scorers:
+            source = scorers[0].model
+        if source is None:
+            raise ValueError("critic.init is 'reward_model' but no reward model is named: add a reward_model "
+                             "reward with a path, set critic.name_or_path, or critic.init: policy")
+    if source is None:
+        source = policy
+    if isinstance(source, str | Path):
+        value_model, _ = load_value_model(str(source), seed=seed, dtype=config.model.dtype, device=device,
+                                          tokenizer=tokenizer)
+    else:
+        value_model = value_model_from(source, seed=seed)
+    return ActorCritic(policy, value_model)

@@ -26,7 +26,6 @@ Knows nothing about training.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 from collections import defaultdict
@@ -34,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tether.rewards.constitution import Constitution, Principle, fill, load_constitution
-from tether.rewards.judge import PairwiseJudge, PointwiseJudge, as_backend, build_judge, load_template
+from tether.rewards.judge import PairwiseJudge, PointwiseJudge, as_backend, load_template
 from tether.rewards.verifiers import REWARD_FUNCTIONS
 
 
@@ -189,31 +188,22 @@ def _pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 # ---- d-RLAIF: the judge's score as the reward ----------------------------------------------------------
 
-_JUDGES: dict[str, PointwiseJudge] = {}
-
-
-def _pointwise_judge(options: dict[str, Any]) -> PointwiseJudge:
-    key = json.dumps(options, sort_keys=True, default=str)
-    if key not in _JUDGES:
-        judge = build_judge({**options, "kind": "pointwise"})
-        if not isinstance(judge, PointwiseJudge):
-            raise TypeError("the judge reward needs a pointwise judge")
-        _JUDGES[key] = judge
-    return _JUDGES[key]
-
-
-@REWARD_FUNCTIONS.register("judge")
-def judge_reward(prompts: Sequence[str], completions: Sequence[str], *, judge: dict[str, Any],
+@REWARD_FUNCTIONS.register("judge", needs=("judge",))
+def judge_reward(prompts: Sequence[str], completions: Sequence[str], *, judge: PointwiseJudge,
                  normalize: bool = True, constitution: str | None = None, seed: int = 0,
                  **columns: Any) -> list[float | None]:
     """d-RLAIF reward for configs: ``{name: judge, kwargs: {judge: {JudgeConfig fields}, normalize: true}}``.
 
-    A pointwise judge (``judge``: ``backend``, ``model``, ``template``, ``principle``, ``scale``, ...;
-    built on first use and kept) scores each completion; ``normalize`` maps its scale to [-1, 1] as Lee
-    et al. do. With ``constitution``, each completion is judged against a principle drawn from it (its
-    critique request), keyed by a hash of the prompt and completion so a repeated sample gets the same
-    principle. A reply with no readable score gives None (no reward for that sample)."""
-    scorer = _pointwise_judge(judge)
+    A pointwise judge scores each completion; ``normalize`` maps its scale to [-1, 1] as Lee et al. do.
+    The entry declares ``needs=("judge",)``: the config's judge block is built into a judge (and kept)
+    by :func:`tether.scoring.reward_composer`, which every stage uses. With ``constitution``, each
+    completion is judged against a principle drawn from it (its critique request), keyed by a hash of
+    the prompt and completion so a repeated sample gets the same principle. A reply with no readable
+    score gives None (no reward for that sample)."""
+    if not isinstance(judge, PointwiseJudge):
+        raise TypeError("the judge reward needs a built pointwise judge; a config's judge block is built by "
+                        "tether.scoring.reward_composer")
+    scorer = judge
     if constitution is None:
         scores = scorer.score(list(prompts), list(completions))
     else:

@@ -22,12 +22,13 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from tether.config.rewards import RewardSpec
 from tether.rewards.verifiers import REWARD_FUNCTIONS
 
 _SAMPLE_CHARS = 300  # how much of a prompt / completion an error message shows
@@ -93,22 +94,13 @@ def resolve_reward_function(spec: str | Callable) -> Callable:
     return obj
 
 
-@dataclass
-class RewardSpec:
-    """One entry of a config's reward list: ``{name: accuracy, weight: 1.0, kwargs: {...}}``.
-
-    ``name`` is anything ``resolve_reward_function`` accepts (a callable too, from Python).
-    """
-
-    name: str | Callable
-    weight: float = 1.0
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.weight):
-            raise ValueError(f"reward {self.name!r}: weight must be finite, got {self.weight}")
-        if not isinstance(self.kwargs, dict):
-            raise TypeError(f"reward {self.name!r}: kwargs must be a dict, got {type(self.kwargs).__name__}")
+def as_reward_spec(item: RewardSpec | dict | Callable) -> RewardSpec:
+    """A reward-list entry as a :class:`~tether.config.RewardSpec`: a spec, its dict, or a plain callable."""
+    if isinstance(item, RewardSpec):
+        return item
+    if isinstance(item, dict):
+        return RewardSpec.model_validate(item)
+    return RewardSpec(item)
 
 
 @dataclass
@@ -197,22 +189,30 @@ class RewardComposer:
     ``on_error="zero"``: a sample on which a function raises scores 0 for that function and is
     counted in ``RewardResult.errors``. Protocol violations (wrong length, a value that is not a
     number or None) and missing dataset columns raise in both modes.
+
+    ``defaults``: keyword options given to every function that names them and whose spec does not
+    set them (a stage's ``task`` / ``task_options`` reach the task-aware rewards this way).
     """
 
     def __init__(
-        self, specs: Sequence[RewardSpec | dict], *, on_error: Literal["raise", "zero"] = "raise"
+        self,
+        specs: Sequence[RewardSpec | dict | Callable],
+        *,
+        on_error: Literal["raise", "zero"] = "raise",
+        defaults: dict[str, Any] | None = None,
     ) -> None:
         if on_error not in ("raise", "zero"):
             raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
         if not specs:
             raise ValueError("RewardComposer needs at least one reward function")
-        self.specs = [s if isinstance(s, RewardSpec) else RewardSpec(**s) for s in specs]
+        self.specs = [as_reward_spec(s) for s in specs]
         self.on_error = on_error
         self.functions = [resolve_reward_function(s.name) for s in self.specs]
         self.labels = _labels(self.specs, self.functions)
         self._signatures = [
             _signature(fn, label) for fn, label in zip(self.functions, self.labels, strict=True)
         ]
+        self.kwargs: list[dict[str, Any]] = []
         for spec, sig, label in zip(self.specs, self._signatures, self.labels, strict=True):
             # Built-ins swallow **columns, so an option typo would vanish silently without this check.
             strict = isinstance(spec.name, str) and spec.name in REWARD_FUNCTIONS
@@ -222,6 +222,8 @@ class RewardComposer:
                     f"reward {label!r} does not accept option(s) {sorted(unknown)}; "
                     f"it accepts: {sorted(sig.named) or 'none'}"
                 )
+            inherited = {k: v for k, v in (defaults or {}).items() if k in sig.named and k not in spec.kwargs}
+            self.kwargs.append({**inherited, **spec.kwargs})
 
     def score(
         self, prompts: list[str], completions: list[str], columns: dict[str, Sequence] | None = None
@@ -255,14 +257,14 @@ class RewardComposer:
         return RewardResult(total, per_function, valid, errors, nonfinite)
 
     def _columns_for(self, i: int, columns: dict[str, list]) -> dict[str, list]:
-        spec, sig, label = self.specs[i], self._signatures[i], self.labels[i]
+        kwargs, sig, label = self.kwargs[i], self._signatures[i], self.labels[i]
         chosen = dict(columns) if sig.takes_all else {k: v for k, v in columns.items() if k in sig.named}
-        clash = set(chosen) & set(spec.kwargs)
+        clash = set(chosen) & set(kwargs)
         if clash:
             raise ValueError(
                 f"reward {label!r}: option(s) {sorted(clash)} have the same name as dataset columns"
             )
-        missing = sig.required - set(chosen) - set(spec.kwargs)
+        missing = sig.required - set(chosen) - set(kwargs)
         if missing:
             raise ValueError(
                 f"reward {label!r} needs dataset column(s) {sorted(missing)}; the batch has {sorted(columns) or 'none'}"
@@ -273,7 +275,7 @@ class RewardComposer:
         self, i: int, prompts: list[str], completions: list[str], columns: dict[str, list]
     ) -> tuple[list[float | None], int]:
         """Run function ``i`` on the batch; on an exception, fall back to one sample at a time."""
-        fn, kwargs, label = self.functions[i], self.specs[i].kwargs, self.labels[i]
+        fn, kwargs, label = self.functions[i], self.kwargs[i], self.labels[i]
         try:
             returned = fn(prompts, completions, **columns, **kwargs)
         except Exception as batch_error:
@@ -288,7 +290,7 @@ class RewardComposer:
         columns: dict[str, list],
         batch_error: Exception,
     ) -> tuple[list[float | None], int]:
-        fn, kwargs, label = self.functions[i], self.specs[i].kwargs, self.labels[i]
+        fn, kwargs, label = self.functions[i], self.kwargs[i], self.labels[i]
         values: list[float | None] = []
         errors = 0
         for j, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):

@@ -15,10 +15,12 @@
   caller can keep or drop. The share of pairs whose two orders agree is the consistency rate.
   Verdicts are read from ``[[A]]`` / ``[[B]]`` / ``[[C]]`` (tie), ``verdict: A``-like phrases, or a
   reply that is only ``A`` or ``B``.
-- **Backends**: a local model through a rollout engine (:class:`EngineJudgeBackend`), any
-  OpenAI-compatible endpoint (:class:`EndpointJudgeBackend` over :class:`OpenAIEngine`, with its
+- **Backends**: anything with the generation-engine protocol (:class:`EngineJudgeBackend`: token ids
+  in, a rollout out; a local model), anything with the completion protocol
+  (:class:`EndpointJudgeBackend`: ``complete(prompts, params)``; an OpenAI-compatible endpoint with its
   timeouts, retries, concurrency limit and on-disk cache), or a Python function from judge prompts
-  to reply texts.
+  to reply texts. This module builds no engine: :func:`tether.scoring.build_judge` makes the judge a
+  :class:`~tether.config.JudgeConfig` describes, engine included.
 - A reply that cannot be parsed is counted (``judge/unparseable``) and scored missing (``None``),
   never a crash; an endpoint that stays down raises :class:`EndpointError` after its retries, with
   every reply received so far in the endpoint's cache.
@@ -29,7 +31,6 @@ Judges follow the reward protocol, ``judge(prompts, completions, **columns) -> l
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -37,10 +38,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
-
-from tether.config import StrictModel
-from tether.rollout.base import SamplingParams
+from tether.config.rewards import JudgeSamplingConfig
+from tether.config.sampling import SamplingConfig
 
 Backend = Callable[[list[str], int], list[list[str]]]
 PLACEHOLDERS = ("prompt", "response", "response_a", "response_b", "principle", "min", "max")
@@ -121,36 +120,35 @@ def parse_verdict(text: str) -> Literal["A", "B", "tie"] | None:
 # ---- backends --------------------------------------------------------------------------------------------
 
 
-class EngineJudgeBackend:
-    """Judge replies from a local model through a rollout engine (an :class:`HFEngine` over the
-    model, which may be the live policy: self-rewarding)."""
 
-    def __init__(self, engine: Any, tokenizer: Any, *, max_new_tokens: int = 256, temperature: float = 0.0,
-                 stop: Sequence[str] = (), chat: bool = False, seed: int = 0) -> None:
-        self.engine, self.tokenizer, self.chat = engine, tokenizer, chat
-        self.max_new_tokens, self.temperature, self.stop, self.seed = max_new_tokens, temperature, list(stop), seed
+
+class EngineJudgeBackend:
+    """Judge replies from a generation engine (token ids in, a rollout out): a local model, which may be
+    the live policy (self-rewarding)."""
+
+    def __init__(self, engine: Any, tokenizer: Any, *, sampling: SamplingConfig | None = None, chat: bool = False,
+                 seed: int = 0) -> None:
+        self.engine, self.tokenizer, self.chat, self.seed = engine, tokenizer, chat, seed
+        self.sampling = sampling or JudgeSamplingConfig()
 
     def __call__(self, prompts: list[str], n: int = 1) -> list[list[str]]:
         from tether.data import tokenize_prompts
 
-        params = SamplingParams(n=n, temperature=self.temperature, greedy=self.temperature == 0,
-                                max_new_tokens=self.max_new_tokens, stop=self.stop, seed=self.seed)
-        rollout = self.engine.generate(tokenize_prompts(prompts, self.tokenizer, chat=self.chat), params)
+        rollout = self.engine.generate(tokenize_prompts(prompts, self.tokenizer, chat=self.chat),
+                                       self.sampling.params(n, self.seed))
         return _group(rollout.texts, rollout.prompt_index, len(prompts))
 
 
 class EndpointJudgeBackend:
-    """Judge replies from an OpenAI-compatible endpoint (an :class:`OpenAIEngine`)."""
+    """Judge replies from anything with the completion protocol, ``complete(prompts, params)``: an
+    OpenAI-compatible endpoint's client."""
 
-    def __init__(self, engine: Any, *, max_new_tokens: int = 256, temperature: float = 0.0,
-                 stop: Sequence[str] = (), seed: int = 0) -> None:
-        self.engine = engine
-        self.max_new_tokens, self.temperature, self.stop, self.seed = max_new_tokens, temperature, list(stop), seed
+    def __init__(self, engine: Any, *, sampling: SamplingConfig | None = None, seed: int = 0) -> None:
+        self.engine, self.seed = engine, seed
+        self.sampling = sampling or JudgeSamplingConfig()
 
     def __call__(self, prompts: list[str], n: int = 1) -> list[list[str]]:
-        params = SamplingParams(n=n, temperature=self.temperature, greedy=self.temperature == 0,
-                                max_new_tokens=self.max_new_tokens, stop=self.stop, seed=self.seed)
-        out = self.engine.complete(prompts, params)
+        out = self.engine.complete(prompts, self.sampling.params(n, self.seed))
         return _group(out.texts, out.prompt_index, len(prompts))
 
 
@@ -181,12 +179,13 @@ def as_backend(fn: Callable) -> Backend:
 
 
 class _Judge:
-    def __init__(self, backend: Backend | Callable, template: str, principle: str | None) -> None:
+    def __init__(self, backend: Backend | Callable, template: str, principle: str | None,
+                 closer: Callable[[], None] | None = None) -> None:
         self.backend = as_backend(backend)
         self.template = load_template(template) if "{" not in template else template
         self.principle = principle
         self.stats: dict[str, int] = {}
-        self._closer: Callable[[], None] | None = None
+        self._closer = closer
 
     def _count(self, key: str, amount: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + amount
@@ -202,7 +201,7 @@ class _Judge:
         return out
 
     def close(self) -> None:
-        """Stop what the judge started (a server process, for ``backend: serve``)."""
+        """Stop what the judge started (a server process, for ``backend: serve``); ``closer`` does it."""
         if self._closer is not None:
             self._closer()
             self._closer = None
@@ -212,8 +211,8 @@ class PointwiseJudge(_Judge):
     """A score on ``scale`` per (prompt, response); None when no reply could be parsed."""
 
     def __init__(self, backend: Backend | Callable, *, template: str = "pointwise", scale: tuple[float, float] = (1, 10),
-                 samples: int = 1, principle: str | None = None) -> None:
-        super().__init__(backend, template, principle)
+                 samples: int = 1, principle: str | None = None, closer: Callable[[], None] | None = None) -> None:
+        super().__init__(backend, template, principle, closer)
         if samples < 1 or scale[0] >= scale[1]:
             raise ValueError(f"need samples >= 1 and scale low < high; got samples={samples}, scale={scale}")
         self.scale, self.samples = (float(scale[0]), float(scale[1])), samples
@@ -244,8 +243,8 @@ class PairwiseJudge(_Judge):
     """``P(a beats b)`` per pair: 1, 0, 0.5 (a tie or orders that disagree), or None (unparseable)."""
 
     def __init__(self, backend: Backend | Callable, *, template: str = "pairwise", swap: bool = True,
-                 principle: str | None = None) -> None:
-        super().__init__(backend, template, principle)
+                 principle: str | None = None, closer: Callable[[], None] | None = None) -> None:
+        super().__init__(backend, template, principle, closer)
         self.swap = swap
 
     def _ask(self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> list[str | None]:
@@ -287,98 +286,6 @@ class PairwiseJudge(_Judge):
             self._count("consistent")
             return first
         return 0.5
-
-
-# ---- configs ---------------------------------------------------------------------------------------------
-
-
-class JudgeConfig(StrictModel):
-    """A judge in a config. ``backend``: ``endpoint`` (``base_url`` + ``model``), ``serve`` (``tether
-    serve`` started on a free loopback port for ``model``, a checkpoint, and stopped with the stage),
-    ``model`` (a checkpoint loaded in this process), ``policy`` (the model being trained:
-    self-rewarding) or ``callable`` (``model`` is ``package.module:function``, prompts -> replies)."""
-
-    kind: Literal["pointwise", "pairwise"] = "pairwise"
-    backend: Literal["endpoint", "serve", "model", "policy", "callable"] = "endpoint"
-    model: str | None = None
-    base_url: str | None = None
-    api_key_env: str | None = None
-    template: str | None = Field(None, description="built-in name or file; default: the kind's own")
-    principle: str | None = None
-    scale: tuple[float, float] = (1.0, 10.0)
-    samples: int = Field(1, ge=1, description="pointwise: replies averaged per response")
-    swap: bool = Field(True, description="pairwise: judge both orders, inconsistent -> tie")
-    max_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    stop: list[str] = Field(default_factory=list)
-    chat: bool = Field(False, description="chat endpoint / chat template for the judge prompt")
-    timeout: float = Field(60.0, gt=0)
-    max_retries: int = Field(4, ge=0)
-    backoff: float = Field(0.5, ge=0)
-    concurrency: int = Field(8, ge=1)
-    prompts_per_request: int = Field(1, ge=1, description="endpoint / serve: judge prompts sent as one "
-                                                          "/completions request (a server batches them)")
-    cache: bool = Field(True, description="endpoint / serve: keep every reply on disk, keyed by the request")
-    serve_args: list[str] = Field(default_factory=list, description="serve: extra `tether serve` options, "
-                                                                    "e.g. [--device, cuda] or [--threads, 1]")
-
-    @model_validator(mode="after")
-    def _needs(self) -> JudgeConfig:
-        if self.backend in ("endpoint",) and not (self.base_url and self.model):
-            raise ValueError("judge backend 'endpoint' needs base_url and model")
-        if self.backend in ("serve", "model", "callable") and not self.model:
-            raise ValueError(f"judge backend {self.backend!r} needs model")
-        if self.scale[0] >= self.scale[1]:
-            raise ValueError(f"judge scale must be (low, high) with low < high, got {self.scale}")
-        return self
-
-
-def _backend(cfg: JudgeConfig, *, policy: Any, tokenizer: Any, cache_dir: str | Path | None,
-             log_dir: str | Path | None) -> tuple[Backend, Callable[[], None] | None]:
-    common = {"max_new_tokens": cfg.max_tokens, "temperature": cfg.temperature, "stop": cfg.stop}
-    if cfg.backend == "callable":
-        module, _, name = cfg.model.partition(":")
-        return as_backend(getattr(importlib.import_module(module), name)), None
-    if cfg.backend in ("policy", "model"):
-        from tether.rollout import HFEngine
-
-        if cfg.backend == "model":
-            from tether.models import load_model
-
-            policy, tokenizer = load_model(cfg.model)
-        if policy is None or tokenizer is None:
-            raise ValueError("judge backend 'policy' needs the policy model and its tokenizer")
-        return EngineJudgeBackend(HFEngine(policy, tokenizer), tokenizer, chat=cfg.chat, **common), None
-    from tether.rollout.openai_engine import OpenAIEngine
-
-    closer, base_url, name = None, cfg.base_url, cfg.model
-    if cfg.backend == "serve":
-        from tether.serve import ServerProcess
-
-        server = ServerProcess(cfg.model, model_name=str(Path(cfg.model).resolve()), extra_args=cfg.serve_args,
-                               log_path=Path(log_dir) / "judge-server.log" if log_dir else None).start()
-        closer, base_url, name = server.stop, server.base_url, server.model_name
-    engine = OpenAIEngine(base_url, name, api_key_env=cfg.api_key_env, timeout=cfg.timeout,
-                          max_retries=cfg.max_retries, concurrency=cfg.concurrency, backoff=cfg.backoff,
-                          cache_dir=cache_dir if cfg.cache else None, chat=cfg.chat,
-                          prompts_per_request=1 if cfg.chat else cfg.prompts_per_request)
-    return EndpointJudgeBackend(engine, **common), closer
-
-
-def build_judge(cfg: JudgeConfig | dict, *, policy: Any = None, tokenizer: Any = None,
-                cache_dir: str | Path | None = None, log_dir: str | Path | None = None
-                ) -> PointwiseJudge | PairwiseJudge:
-    """The judge a config describes; call ``.close()`` when done (it stops a ``serve`` backend's server)."""
-    cfg = cfg if isinstance(cfg, JudgeConfig) else JudgeConfig.model_validate(cfg)
-    backend, closer = _backend(cfg, policy=policy, tokenizer=tokenizer, cache_dir=cache_dir, log_dir=log_dir)
-    if cfg.kind == "pointwise":
-        judge: PointwiseJudge | PairwiseJudge = PointwiseJudge(
-            backend, template=cfg.template or "pointwise", scale=cfg.scale, samples=cfg.samples,
-            principle=cfg.principle)
-    else:
-        judge = PairwiseJudge(backend, template=cfg.template or "pairwise", swap=cfg.swap, principle=cfg.principle)
-    judge._closer = closer
-    return judge
 
 
 # ---- synthetic judgments, to train a small judge --------------------------------------------------------

@@ -15,20 +15,21 @@ join a cluster.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 
-from tether.rewards.combine import RewardComposer, RewardFunctionError, RewardResult, RewardSpec
+from tether.config.rewards import RewardSpec
+from tether.rewards.combine import RewardComposer, RewardFunctionError, RewardResult
 from tether.runtime.ray import ensure_ray, shards
 
 
 class _ScoringActor:
-    """One Ray actor: a ``RewardComposer`` of its own."""
+    """One Ray actor: a ``RewardComposer`` of its own, made by ``factory(specs, on_error=...)``."""
 
-    def __init__(self, specs: list[RewardSpec], on_error: str) -> None:
-        self.composer = RewardComposer(specs, on_error=on_error)
+    def __init__(self, specs: list[RewardSpec], on_error: str, factory: Callable[..., Any]) -> None:
+        self.composer = factory(specs, on_error=on_error)
 
     def score(self, prompts: list[str], completions: list[str], columns: dict[str, list]
               ) -> RewardResult | dict[str, Any]:
@@ -55,18 +56,20 @@ class RayRewardComposer:
     """A :class:`RewardComposer` whose batches are scored by ``num_workers`` Ray actors.
 
     ``num_cpus``: CPUs each actor reserves (its verifier's or sandbox's parallelism). ``address``:
-    a Ray cluster to join; default a local instance (or the one already running).
+    a Ray cluster to join; default a local instance (or the one already running). ``factory``: how an
+    actor builds its composer from the specs (``tether.scoring.local_reward_composer`` builds judges too).
     """
 
     def __init__(self, specs: Sequence[RewardSpec | dict], *, on_error: Literal["raise", "zero"] = "raise",
-                 num_workers: int = 2, num_cpus: float = 1, address: str | None = None) -> None:
+                 num_workers: int = 2, num_cpus: float = 1, address: str | None = None,
+                 factory: Callable[..., Any] = RewardComposer) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         local = RewardComposer(specs, on_error=on_error)  # validates the specs here, before any actor starts
-        self.specs, self.labels, self.on_error = local.specs, local.labels, on_error
+        self.specs, self.labels, self.on_error, self.factory = local.specs, local.labels, on_error, factory
         self.ray = ensure_ray(address)
         actor = self.ray.remote(num_cpus=num_cpus)(_ScoringActor)
-        self.actors = [actor.remote(self.specs, on_error) for _ in range(num_workers)]
+        self.actors = [actor.remote(self.specs, on_error, factory) for _ in range(num_workers)]
 
     def score(self, prompts: list[str], completions: list[str], columns: dict[str, Sequence] | None = None
               ) -> RewardResult:
@@ -75,7 +78,7 @@ class RayRewardComposer:
             raise ValueError(f"got {len(prompts)} prompts for {n} completions")
         columns = {k: list(v) for k, v in (columns or {}).items()}
         if n == 0:
-            return RewardComposer(self.specs, on_error=self.on_error).score(prompts, completions, columns)
+            return self.factory(self.specs, on_error=self.on_error).score(prompts, completions, columns)
         ranges = shards(n, len(self.actors))
         refs = [a.score.remote(prompts[s:e], completions[s:e], {k: v[s:e] for k, v in columns.items()})
                 for a, (s, e) in zip(self.actors, ranges, strict=False)]

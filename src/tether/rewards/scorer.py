@@ -28,13 +28,8 @@ import torch
 
 from tether.core.reward import STEP_AGGREGATIONS
 from tether.data import tokenize_sft
-from tether.models.reward_model import (
-    load_reward_model,
-    reward_info,
-    score_positions,
-    split_steps,
-    step_sequence,
-)
+from tether.data.tokenize import split_steps, step_sequence
+from tether.models.reward_model import load_reward_model, reward_info, score_positions
 from tether.rewards.verifiers import REWARD_FUNCTIONS
 
 

@@ -33,28 +33,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import Field
 
-from tether.config import StrictModel
+from tether.config.agent import AgentLoopConfig, EnvironmentConfig
 from tether.data.tokenize import tokenize_prompt
 from tether.rollout.actions import ActionFormat
 from tether.rollout.base import GenerationEngine, Rollout, SamplingParams
-from tether.rollout.environment import Environment
+from tether.rollout.environment import Environment, environment_factory, environment_records
+from tether.rollout.tools import build_tools
 
 _MARK = "\x00TETHER-ASSISTANT\x00"
 _OBS = "\x00TETHER-OBSERVATION\x00"
-
-
-class AgentLoopConfig(StrictModel):
-    """Episode limits and concurrency of the multi-turn loop."""
-
-    max_turns: int = Field(4, ge=1, description="policy turns per episode")
-    max_tokens: int = Field(256, ge=2, description="generated + observation tokens per episode")
-    max_tokens_per_turn: int = Field(64, ge=1)
-    tool_workers: int = Field(4, ge=1, description="threads running tool calls and verifiers")
-    tool_wait_s: float | None = Field(None, ge=0, description="null: every round waits for all tool calls "
-                                      "(reproducible); a number: slower calls join a later round")
-    success_threshold: float = Field(1.0, description="an episode succeeds when its verifier score reaches this")
 
 
 @dataclass
@@ -333,3 +321,30 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], success_threshold: fl
 def trajectory_texts(trajectories: Sequence[Trajectory], tokenizer: Any) -> list[str]:
     """Each trajectory's interleaved tokens decoded with the template's role markers kept (for logs)."""
     return tokenizer.batch_decode([t.token_ids for t in trajectories], skip_special_tokens=False)
+
+
+def environment_renderer(env: EnvironmentConfig, tokenizer: Any) -> tuple[Callable[[], Environment], ChatRenderer]:
+    """A factory of fresh environments for ``env`` and the renderer of its turns for ``tokenizer``."""
+    from tether.rollout.actions import get_action_format
+
+    tools = build_tools(env.tools)
+    renderer = ChatRenderer(tokenizer, get_action_format(env.action_format),
+                            [t.schema for t in tools.values()], system_prompt=env.system_prompt)
+    return environment_factory(env), renderer
+
+
+def demonstration_records(env: EnvironmentConfig, tokenizer: Any, n: int | None = None,
+                          seed: int | None = None, workers: int = 4) -> list[dict]:
+    """Chat records ``{"messages": [...]}`` of scripted episodes (tools run for real, ``workers`` at a
+    time), rendered exactly as the agent loop renders prompts and observations; tool messages carry
+    no SFT loss."""
+    make_env, renderer = environment_renderer(env, tokenizer)
+
+    def record(task: dict) -> dict:
+        environment = make_env()
+        first = environment.reset(task)
+        out = {"messages": renderer.messages(first, environment.demonstration(task))}
+        return {**out, "tools": renderer.template_tools} if renderer.template_tools else out
+
+    with futures.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(record, environment_records(env, split="train", n=n, seed=seed)))

@@ -18,56 +18,14 @@ What ``completion_logprobs`` means (the one definition every engine follows):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from tether.config.sampling import SamplingParams
+
 FINISH_REASONS = ("stop", "length")
-
-
-@dataclass
-class SamplingParams:
-    """How to sample: ``n`` samples per prompt, temperature / top-k / top-p, stop conditions.
-
-    ``temperature == 0`` means greedy, as does ``greedy=True``. ``top_k == 0`` and ``top_p == 1``
-    switch those filters off. A sample stops on the tokenizer's EOS or when its decoded text
-    contains one of ``stop``; the stop string is kept in the returned text, which is cut right
-    after it. ``seed`` makes sampling reproducible: the same seed, prompts and batch size give
-    the same samples.
-    """
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-    greedy: bool = False
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(
-                f"SamplingParams.temperature must be >= 0 (0 means greedy), got {self.temperature}"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 switches it off), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if isinstance(self.stop, str):
-            raise ValueError(f"SamplingParams.stop must be a list of strings, got the string {self.stop!r}")
-        self.stop = list(self.stop)
-        if any(not isinstance(s, str) or s == "" for s in self.stop):
-            raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Which generation engine a trainer samples with, by name: ``hf`` (in process), ``vllm`` (colocated on the
-GPU) or ``ray`` (rollout workers on a Ray cluster). The optional engines import their extra only when chosen."""
+GPU) or ``ray`` (rollout workers on a Ray cluster). The optional engines import their extra only when chosen.
+:class:`TextFunctionEngine` turns a plain text function into an engine (a rule-based judge served over HTTP)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from tether.rollout.base import Rollout, SamplingParams
 
 ENGINES = ("hf", "vllm", "ray")
 
@@ -39,3 +43,20 @@ def build_engine(kind: str, model: torch.nn.Module, tokenizer: Any, *, batch_siz
                            threads=int(options.pop("threads", 1)))
         return RayEngine(factory, num_workers=workers, source=model, **options)
     raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINES)}")
+
+
+class TextFunctionEngine:
+    """``fn(prompt texts) -> one reply each`` as a generation engine: each prompt's ``n`` samples are its one
+    deterministic reply, re-tokenised, with log-probs 0. So ``tether.serve.create_app(engine=...)`` serves a
+    Python function (``tether.tasks.secret.rule_judge``, say) over HTTP like a model."""
+
+    def __init__(self, fn: Callable[[Sequence[str]], list[str]], tokenizer: Any) -> None:
+        self.fn, self.tokenizer = fn, tokenizer
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        texts = self.fn([self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts])
+        texts = [t for t in texts for _ in range(params.n)]
+        index = [i for i in range(len(prompts)) for _ in range(params.n)]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        return Rollout([list(prompts[i]) for i in index], ids, [[0.0] * len(i) for i in ids],
+                       ["stop"] * len(ids), index, texts)

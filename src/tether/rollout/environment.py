@@ -15,11 +15,9 @@ final answer), a set of tools, and an action format. ``state_key`` names the env
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pydantic import Field
-
-from tether.config import StrictModel, TaskSource
+from tether.config.agent import EnvironmentConfig
 from tether.core.registry import Registry
 from tether.rollout.actions import ACTION_FORMATS, Action, ActionFormat, ToolCall, get_action_format
 from tether.rollout.tools import Tool, ToolExecutionError, build_tools
@@ -34,21 +32,6 @@ class Environment(Protocol):
     def verify(self, trajectory: Any, task: dict) -> float: ...
 
     def state_key(self) -> str: ...
-
-
-class EnvironmentConfig(StrictModel):
-    """A tool-use environment: which task, which tools, which action format."""
-
-    name: str = Field("tools", description="a registered environment (ENVIRONMENTS)")
-    task: TaskSource = Field(default_factory=lambda: TaskSource(name="multiplication"))
-    tools: list[str | dict[str, Any]] = Field(
-        default_factory=lambda: ["calculator"],
-        description="built-in tools (calculator, python), import paths 'package.module:function' or {name, kwargs}")
-    action_format: Literal["react", "hermes"] = "react"
-    system_prompt: bool = Field(True, description="describe the tools in a system message (or the template's)")
-    max_observation_chars: int = Field(256, ge=1, description="longer tool output is cut")
-    eval_n: int = Field(200, ge=1, description="held-out tasks for evaluation")
-    eval_fraction: float = Field(0.1, gt=0, lt=1)
 
 
 ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")

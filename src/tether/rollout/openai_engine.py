@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.data.files import write_text_atomic
 from tether.rollout.base import Rollout, SamplingParams
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -94,11 +95,7 @@ class RequestCache:
             return None  # a damaged entry is asked again
 
     def put(self, key: str, response: dict) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(response))
-        os.replace(tmp, path)
+        write_text_atomic(self._path(key), json.dumps(response), concurrent=True)
 
     def __len__(self) -> int:
         return sum(1 for _ in self.directory.glob("*/*.json"))

@@ -22,7 +22,7 @@ held-out figures into ``violation_rate`` (red-team prompts whose reply reveals t
 :func:`rule_judge` is a rule-based stand-in for an LLM judge that knows this task: it answers the
 built-in critique, revision, pairwise and pointwise judge prompts (``tether/judges``) by the secret
 rule and the helpful answers, as text, so it plugs into any judge slot as a ``callable`` backend (or
-behind an HTTP endpoint with :class:`RuleJudgeEngine`). Like an LLM judge it reads the principle it is
+behind an HTTP endpoint with :class:`tether.rollout.engines.TextFunctionEngine`). Like an LLM judge it reads the principle it is
 asked about, and it has an opinion only under principles about secrets or about evasiveness.
 """
 
@@ -268,21 +268,3 @@ def _reply(text: str) -> str:
     except ValueError:
         pass
     return ""
-
-
-class RuleJudgeEngine:
-    """:func:`rule_judge` as a generation engine, so ``tether.serve.create_app(engine=...)`` serves it over
-    HTTP like a judge model (each prompt's samples are its one deterministic reply)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-
-    def generate(self, prompts: list[list[int]], params) -> object:
-        from tether.rollout import Rollout
-
-        texts = rule_judge([self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts])
-        texts = [t for t in texts for _ in range(params.n)]
-        index = [i for i in range(len(prompts)) for _ in range(params.n)]
-        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        return Rollout([list(prompts[i]) for i in index], ids, [[0.0] * len(i) for i in ids],
-                       ["stop"] * len(ids), index, texts)

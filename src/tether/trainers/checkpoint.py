@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from tether.data.files import write_json_atomic
+
 STEP_PREFIX = "step-"
 TMP_SUFFIX = ".tmp"
 STATE_FILE = "trainer_state.pt"
@@ -296,9 +298,8 @@ def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, mer
 
 
 def mark_done(stage_dir: Path, info: dict[str, Any]) -> None:
-    tmp = stage_dir / (DONE_FILE + TMP_SUFFIX)
-    tmp.write_text(json.dumps(info, indent=2))
-    os.replace(tmp, stage_dir / DONE_FILE)
+    """Write ``stage.json``: the stage finished (written last, whole or not at all)."""
+    write_json_atomic(stage_dir / DONE_FILE, info)
 
 
 def read_done(stage_dir: Path) -> dict[str, Any] | None:

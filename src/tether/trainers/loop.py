@@ -37,7 +37,8 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from tether.config import OptimConfig, StageConfig
+from tether.config.common import OptimConfig, StageConfig
+from tether.evaluation import evaluate_task
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
@@ -149,8 +150,10 @@ class Trainer:
     """Base class: owns the loop; subclasses implement :meth:`training_step`."""
 
     def __init__(self, config: StageConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path,
-                 *, stage: str | None = None) -> None:
+                 *, stage: str | None = None, evaluator: Callable[[torch.nn.Module, Any], dict[str, float]] | None = None
+                 ) -> None:
         self.config = config
+        self.evaluator = evaluator
         self.model = model
         self.tokenizer = tokenizer
         self.run_dir = Path(run_dir)
@@ -188,11 +191,12 @@ class Trainer:
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out figures; the default runs the task evaluation named in ``config.eval``."""
+        """Held-out figures: ``evaluator(model, tokenizer)`` when the trainer was given one, else the task
+        evaluation named in ``config.eval``."""
         if self.config.eval is None:
             return {}
-        from tether.evaluation import evaluate_task
-
+        if self.evaluator is not None:
+            return self.evaluator(parallel.unwrap(self.model), self.tokenizer)
         return evaluate_task(parallel.unwrap(self.model), self.tokenizer, self.config.eval)
 
     def optimizer_parts(self) -> list[tuple[Iterable[torch.nn.Parameter], float]] | None:

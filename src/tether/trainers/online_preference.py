@@ -25,6 +25,15 @@ and the samples ranked by their mean win probability (a Borda count) before the 
 Per-round figures: score mean, pair count, the judge's consistency and unparseable rate, an optional
 ``audit`` reward logged beside the scorer (e.g. the verifier, to see how often a judge's chosen is
 really better), and the held-out task metric of ``eval``.
+
+SPIN (Chen et al. 2024, "Self-Play Fine-Tuning Converts Weak Language Models to Strong Language
+Models") is :class:`SPINTrainer`: rounds (iterations) whose pairs are (the SFT demonstration, the
+model's own generation) with no scorer, and ``reference: round``, so the reference is the previous
+iterate θt and the loss is the logistic loss of Eq. 4.7 (DPO's sigmoid loss with β = λ). How it departs:
+each iteration uses ``prompts_per_round`` prompts (the paper regenerates for all), the policy trains on
+from θt rather than re-initialised, any ``PREFERENCE_LOSSES`` loss can replace the logistic one (``loss:
+rpo`` adds the chosen NLL, which the tiny models need), and a generation equal to its demonstration
+makes no pair; their share is ``round/match_rate``, which approaches 1 as the model converges to the data.
 """
 
 from __future__ import annotations
@@ -32,177 +41,30 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from tether.config import StageConfig, StrictModel
-from tether.pipeline import register_stage
-from tether.rewards import RewardComposer, RewardSpec
-from tether.rewards.judge import JudgeConfig, PairwiseJudge, build_judge, judge_records
-from tether.rewards.pairing import PAIR_RULES, make_pairs, pairwise_scores
+from tether.config.preference import OnlineDPOConfig
+from tether.core.pairing import make_pairs
+from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, write_jsonl_atomic
+from tether.data.pairs import tokenize_pairs
+from tether.data.schedule import BatchSchedule, chunks
+from tether.data.sources import training_prompts
+from tether.models.logprobs import preference_inputs
 from tether.rollout import HFEngine, Rollout, SamplingParams
-from tether.trainers.checkpoint import mark_done
+from tether.scoring import Scorer, reward_composer
 from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters
-from tether.trainers.preference import PreferenceLossConfig, loss_beta, pair_inputs, pair_loss, paired_loss_fn
-from tether.trainers.reward import BatchSchedule, PreferenceTaskSource, chunks, tokenize_pairs
-from tether.trainers.rl import RewardConfig, RLDataConfig, SamplingConfig, training_prompts
 
 log = logging.getLogger(__name__)
 
 ROUNDS_DIR = "rounds"
 REFERENCE_FILE = "reference_logps.pt"
-
-
-class OnlineRolloutConfig(SamplingConfig):
-    samples: int = Field(4, ge=2, description="K responses per prompt")
-
-
-class ScorerConfig(StrictModel):
-    """``rewards`` (a weighted sum of reward functions: the task verifier, ``reward_model``, ...),
-    ``reward_model`` (``path``) or ``judge``."""
-
-    type: Literal["rewards", "reward_model", "judge"] = "rewards"
-    rewards: list[RewardConfig] = Field(default_factory=lambda: [RewardConfig(name="accuracy")])
-    path: str | None = Field(None, description="reward_model: the trained reward model")
-    judge: JudgeConfig | None = None
-
-    @model_validator(mode="after")
-    def _complete(self) -> ScorerConfig:
-        if self.type == "reward_model" and not self.path:
-            raise ValueError("scorer type 'reward_model' needs path")
-        if self.type == "judge" and self.judge is None:
-            raise ValueError("scorer type 'judge' needs a judge block")
-        return self
-
-
-class PairConfig(StrictModel):
-    rule: str = Field("best_vs_worst", description="best_vs_worst | all_pairs | threshold")
-    margin: float = Field(0.0, ge=0, description="smallest score gap that makes a pair")
-    threshold: float | None = Field(None, description="threshold rule: good at or above it")
-    max_per_prompt: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _known(self) -> PairConfig:
-        if self.rule not in PAIR_RULES:
-            raise ValueError(f"unknown pair rule {self.rule!r}; valid names: {', '.join(PAIR_RULES.names())}")
-        if self.rule == "threshold" and self.threshold is None:
-            raise ValueError("pair rule 'threshold' needs pairs.threshold")
-        return self
-
-
-class OnlineDPOConfig(PreferenceLossConfig, StageConfig):
-    """Online / iterative preference optimisation. ``train.max_steps`` is ``rounds * steps_per_round``;
-    ``train.batch_size`` is pairs per micro-batch."""
-
-    type: Literal["online_dpo"] = "online_dpo"
-    mode: Literal["iterative", "oaif"] = Field("iterative", description="oaif: 2 samples, 1 step per round")
-    data: RLDataConfig = Field(default_factory=lambda: RLDataConfig(task={"name": "arithmetic"}))
-    rounds: int = Field(3, ge=1)
-    steps_per_round: int = Field(50, ge=1)
-    prompts_per_round: int = Field(64, ge=1)
-    rollout: OnlineRolloutConfig = Field(default_factory=OnlineRolloutConfig)
-    scorer: ScorerConfig = Field(default_factory=ScorerConfig)
-    pairs: PairConfig = Field(default_factory=PairConfig)
-    reference: Literal["initial", "round"] = Field("initial", description="round: the policy at each round's start")
-    self_rewarding: bool = Field(False, description="the policy judges its own samples (scorer.judge)")
-    audit: list[RewardConfig] = Field(default_factory=list, description="rewards logged beside the scorer")
-    eval_every_rounds: int = Field(1, ge=1)
-    min_pairs: int = Field(1, ge=1, description="a round with fewer pairs makes no update (counted)")
-    max_length: int = Field(512, ge=8)
-    pack_length: int = Field(1024, ge=8)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _mode_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if data.get("mode") == "oaif":
-            data = {**data, "steps_per_round": data.get("steps_per_round", 1)}
-            data["rollout"] = {"samples": 2, **(data.get("rollout") or {})}
-        scorer = data.get("scorer")
-        if data.get("self_rewarding") and isinstance(scorer, dict) and isinstance(scorer.get("judge"), dict):
-            data = {**data, "scorer": {**scorer, "judge": {**scorer["judge"], "backend": "policy"}}}
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> OnlineDPOConfig:
-        if self.unpaired:
-            raise ValueError("online_dpo builds pairs; 'kto' is not available here")
-        if self.mode == "oaif" and (self.rollout.samples != 2 or self.steps_per_round != 1):
-            raise ValueError("mode 'oaif' samples 2 responses per prompt and makes one update per round "
-                             "(rollout.samples: 2, steps_per_round: 1)")
-        if self.self_rewarding:
-            if self.scorer.type != "judge" or self.scorer.judge.backend != "policy":
-                raise ValueError("self_rewarding needs scorer.type 'judge' with a judge block (the policy is the "
-                                 "judge: its backend is 'policy')")
-        elif self.scorer.type == "judge" and self.scorer.judge.backend == "policy":
-            raise ValueError("judge backend 'policy' is self-rewarding: set self_rewarding: true")
-        self.train.max_steps = self.rounds * self.steps_per_round
-        if self.train.save_every is None:  # a checkpoint at every round boundary (OAIF: every eval)
-            self.train.save_every = self.steps_per_round if self.mode == "iterative" else self.eval_every_rounds
-        return self
-
-
-# ---- scoring ---------------------------------------------------------------------------------------------
-
-
-class Scorer:
-    """Scores of K samples per prompt: reward functions, a pointwise judge, or a pairwise judge ranked by
-    mean win probability. ``__call__`` returns the scores (None = missing) and the judge's figures."""
-
-    def __init__(self, cfg: ScorerConfig, *, reward_functions: list | None = None, judge: Any = None) -> None:
-        self.judge, self.rewards = judge, None
-        if judge is None:
-            if reward_functions is not None:
-                specs = [f if isinstance(f, RewardSpec | dict) else RewardSpec(f) for f in reward_functions]
-            elif cfg.type == "reward_model":
-                specs = [RewardSpec("reward_model", 1.0, {"path": cfg.path})]
-            else:
-                specs = [RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in cfg.rewards]
-            self.rewards = RewardComposer(specs)
-
-    def __call__(self, prompts: list[str], questions: list[str], texts: list[str], columns: dict[str, list],
-                 k: int) -> tuple[list[float | None], dict[str, float]]:
-        if self.rewards is not None:
-            total = self.rewards.score(prompts, texts, columns).total
-            return [None if v != v else float(v) for v in total.tolist()], {}
-        if not isinstance(self.judge, PairwiseJudge):
-            return self.judge.score(questions, texts), self.judge.take_metrics()
-        pairs = [(g * k + i, g * k + j) for g in range(len(texts) // k) for i in range(k) for j in range(i + 1, k)]
-        verdicts = self.judge.compare([questions[a] for a, _ in pairs], [texts[a] for a, _ in pairs],
-                                      [texts[b] for _, b in pairs])
-        scores: list[float | None] = []
-        for g in range(len(texts) // k):
-            group = {(a - g * k, b - g * k): v for (a, b), v in zip(pairs, verdicts, strict=True) if a // k == g}
-            scores.extend(pairwise_scores(k, group))
-        return scores, self.judge.take_metrics()
-
-    def close(self) -> None:
-        if self.judge is not None:
-            self.judge.close()
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-# ---- the trainer -----------------------------------------------------------------------------------------
 
 
 class OnlinePreferenceTrainer(Trainer):
@@ -217,10 +79,9 @@ class OnlinePreferenceTrainer(Trainer):
         self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
         self.reward_functions, self.judge = reward_functions, judge
         self.scorer: Scorer | None = None
-        self.audit = RewardComposer([RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in cfg.audit]) \
-            if cfg.audit else None
-        self.loss = paired_loss_fn(cfg)
-        self.beta = loss_beta(cfg)
+        self.audit = reward_composer(cfg.audit, defaults=cfg.reward_defaults()) if cfg.audit else None
+        self.loss = cfg.paired_loss()
+        self.beta = cfg.implicit_beta
         self.ref_model = self._reference_model()
         self.round = -1
         self.pairs: list = []
@@ -249,16 +110,15 @@ class OnlinePreferenceTrainer(Trainer):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.skipped_updates = state.get("skipped_updates", 0)
 
-    def _build_scorer(self) -> Scorer:
-        cfg = self.config
-        judge = self.judge
-        if judge is None and self.reward_functions is None and cfg.scorer.type == "judge":
-            judge = build_judge(cfg.scorer.judge, policy=self.model, tokenizer=self.tokenizer,
-                                cache_dir=self.stage_dir / "judge_cache", log_dir=self.stage_dir)
-        return Scorer(cfg.scorer, reward_functions=self.reward_functions, judge=judge)
+    def build_scorer(self) -> Scorer:
+        """The round's scorer: the reward functions or judge given, else the config's (a judge with the policy
+        as its backend for self-rewarding; its replies cached under the stage)."""
+        return Scorer(self.config.scorer, reward_functions=self.reward_functions, judge=self.judge, policy=self.model,
+                      tokenizer=self.tokenizer, cache_dir=self.stage_dir / "judge_cache", log_dir=self.stage_dir,
+                      defaults=self.config.reward_defaults())
 
     def train(self, *, resume: bool = False) -> dict[str, float]:
-        self.scorer = self._build_scorer()
+        self.scorer = self.build_scorer()
         try:
             return super().train(resume=resume)
         finally:
@@ -281,9 +141,7 @@ class OnlinePreferenceTrainer(Trainer):
 
     def sampling_params(self, r: int) -> SamplingParams:
         ro = self.config.rollout
-        return SamplingParams(n=ro.samples, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
-                              max_new_tokens=ro.max_new_tokens, stop=list(ro.stop),
-                              seed=self.config.train.seed * 1_000_003 + r)
+        return ro.params(ro.samples, self.config.train.seed * 1_000_003 + r)
 
     def collect(self, r: int) -> tuple[list[dict], list[dict], dict[str, float]]:
         """Sample, score and pair round ``r``: returns (samples, pairs, figures)."""
@@ -296,7 +154,7 @@ class OnlinePreferenceTrainer(Trainer):
         rows = [self.records[indices[g]] for g in rollout.prompt_index]
         prompts = [self.prompts[indices[g]] for g in rollout.prompt_index]
         columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != "prompt"}
-        scores, figures = self.scorer(prompts, [row["prompt"] for row in rows], rollout.texts, columns, k)
+        scores, figures = self.scorer.score_groups(prompts, [row["prompt"] for row in rows], rollout.texts, columns, k)
         audit = self.audit.score(prompts, rollout.texts, columns).total.tolist() if self.audit else None
         samples = self._sample_rows(indices, rollout, scores, audit)
         pairs = []
@@ -356,20 +214,18 @@ class OnlinePreferenceTrainer(Trainer):
         folder = self.round_dir(r)
         done = folder / "round.json"
         if done.exists():
-            return _read_jsonl(folder / "pairs.jsonl"), json.loads(done.read_text())["figures"]
+            return read_jsonl(folder / "pairs.jsonl"), json.loads(done.read_text())["figures"]
         samples, pairs, figures = self.collect(r)
         if self.dist.is_main:
-            folder.mkdir(parents=True, exist_ok=True)
-            _write_jsonl(folder / "samples.jsonl", samples)
-            _write_jsonl(folder / "pairs.jsonl", pairs)
-            tmp = done.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"round": r, "step": self.step, "figures": figures}, indent=2))
-            os.replace(tmp, done)  # written last: the round's data is complete
+            write_jsonl_atomic(folder / "samples.jsonl", samples)
+            write_jsonl_atomic(folder / "pairs.jsonl", pairs)
+            # written last: the round's data is complete
+            write_json_atomic(done, {"round": r, "step": self.step, "figures": figures})
         return pairs, figures
 
     # ---- reference log-probs, once per round ---------------------------------------------------------------
     @torch.no_grad()
-    def reference_logps(self, r: int) -> dict[str, torch.Tensor] | None:
+    def reference_logprobs(self, r: int) -> dict[str, torch.Tensor] | None:
         if not self.config.needs_reference or not self.pairs:
             return None
         path = self.round_dir(r) / REFERENCE_FILE
@@ -391,14 +247,12 @@ class OnlinePreferenceTrainer(Trainer):
         self.model.train(was_training)
         ref = {k: torch.cat(v) for k, v in out.items()}
         if self.dist.is_main:
-            tmp = path.with_suffix(".tmp")
-            torch.save(ref, tmp)
-            os.replace(tmp, path)
+            torch_save_atomic(path, ref)
         return ref
 
     def _inputs(self, model: torch.nn.Module, pairs: list, ref_c: torch.Tensor | None, ref_r: torch.Tensor | None,
                 *, wpo: bool) -> Any:
-        return pair_inputs(model, pairs, ref_c, ref_r, wpo=wpo, row_tokens=self.config.pack_length,
+        return preference_inputs(model, pairs, ref_c, ref_r, wpo=wpo, row_tokens=self.config.pack_length,
                            pad_token_id=self.tokenizer.pad_token_id)
 
     def start_round(self, r: int) -> None:
@@ -406,7 +260,7 @@ class OnlinePreferenceTrainer(Trainer):
         records, figures = self.load_or_collect(r)
         self.pairs, stats = tokenize_pairs(records, self.tokenizer, max_length=cfg.max_length)
         self.round = r
-        self.ref = self.reference_logps(r)
+        self.ref = self.reference_logprobs(r)
         n, size = len(self.pairs), cfg.train.batch_size
         if n >= size * cfg.train.grad_accum * self.dist.world_size:
             self.schedule = BatchSchedule(n, batch_size=size, grad_accum=cfg.train.grad_accum,
@@ -434,7 +288,7 @@ class OnlinePreferenceTrainer(Trainer):
         ref_c = self.ref["chosen"][idx].to(device) if self.ref is not None else None
         ref_r = self.ref["rejected"][idx].to(device) if self.ref is not None else None
         inputs = self._inputs(self.model, [self.pairs[i] for i in idx], ref_c, ref_r, wpo=self.config.wpo)
-        loss, metrics = pair_loss(self.loss, self.config.loss, inputs)
+        loss, metrics = self.loss(inputs)
         return loss * len(idx) / global_pairs, metrics
 
     def training_step(self) -> dict[str, Any]:
@@ -477,71 +331,42 @@ class OnlinePreferenceTrainer(Trainer):
         return dict(self._eval_cache[1])
 
 
-# ---- the one-call API and the stages ---------------------------------------------------------------------
+# ---- SPIN ----------------------------------------------------------------------------------------------
 
 
-def train_online_dpo(config: OnlineDPOConfig | dict, *, out: str | Path, model: Any = None, tokenizer: Any = None,
-                     dataset: Any = None, reward_functions: list | None = None, judge: Any = None,
-                     resume: bool = False) -> dict[str, float]:
-    """Online / iterative DPO, OAIF or self-rewarding (chosen by the config).
-
-    ``dataset``: prompt records (``prompt`` and, for verifiers, ``answer``) as a file, list of dicts
-    or ``datasets.Dataset``, replacing ``config.data``. ``reward_functions``: plain callables
-    ``fn(prompts, completions, **columns) -> list[float | None]`` as the scorer; ``judge``: a
-    :class:`PointwiseJudge` / :class:`PairwiseJudge` as the scorer. Writes the policy to
-    ``out/<stage>`` and each round's data to ``out/<stage>/rounds/``; returns the figures.
-    """
-    from tether.models.loading import resolve_model
-
-    cfg = config if isinstance(config, OnlineDPOConfig) else OnlineDPOConfig.model_validate(config)
-    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
-    records = None
-    if dataset is not None:
-        from tether.data import load_records
-
-        records = load_records(dataset)
-    trainer = OnlinePreferenceTrainer(cfg, model, tokenizer, out, records=records,
-                                      reward_functions=reward_functions, judge=judge, stage=cfg.name or cfg.type)
-    return trainer.fit(resume=resume)
+def spin_pairs(prompts: list[str], demos: list[str], generations: list[str]) -> tuple[list[dict], int]:
+    """SPIN pairs: (prompt, chosen = demonstration, rejected = generation) for every generation that differs
+    from its demonstration (whitespace-stripped); returns the pairs and how many generations matched."""
+    pairs, matched = [], 0
+    for k, (prompt, demo, text) in enumerate(zip(prompts, demos, generations, strict=True)):
+        if text.strip() == demo.strip():
+            matched += 1
+            continue
+        pairs.append({"sample": k, "prompt": prompt, "chosen": demo, "rejected": text})
+    return pairs, matched
 
 
-@register_stage("online_dpo", OnlineDPOConfig, "online / iterative DPO: rounds of sample -> score (verifier, RM or "
-                                               "judge) -> pair -> preference loss; OAIF; self-rewarding")
-def run_online_dpo(cfg: OnlineDPOConfig, run_dir: Path, resume: bool) -> dict[str, float]:
-    return train_online_dpo(cfg, out=run_dir, resume=resume)
+class SPINTrainer(OnlinePreferenceTrainer):
+    """Online preference rounds whose pairs are (demonstration, own generation)."""
 
+    def collect(self, r: int) -> tuple[list[dict], list[dict], dict[str, float]]:
+        indices = self.round_prompts(r)
+        start = time.perf_counter()
+        with full_parameters(self.model):
+            rollout = self.engine.generate([self.prompt_ids[i] for i in indices], self.sampling_params(r))
+        prompt_of = [indices[g] for g in rollout.prompt_index]
+        demos = [self.records[i]["completion"] for i in prompt_of]
+        pairs, matched = spin_pairs([self.prompts[i] for i in prompt_of], demos, rollout.texts)
+        for pair in pairs:
+            pair["prompt_id"] = prompt_of[pair["sample"]]
+        samples = [{"prompt_id": i, "completion": t, "matches_demo": t.strip() == d.strip(), "finish_reason": f}
+                   for i, t, d, f in zip(prompt_of, rollout.texts, demos, rollout.finish_reasons, strict=True)]
+        figures = {"round/samples": len(samples), "round/pairs": len(pairs), "round/match_rate": matched / len(samples),
+                   "round/prompts": len(indices), "round/generation_time": time.perf_counter() - start}
+        return samples, pairs, figures
 
-class JudgeDataConfig(StageConfig):
-    """Synthetic judge training data (``judge_records``) written to ``<stage>/train.jsonl`` for an SFT
-    stage, optionally mixed with ``sft_n`` task demonstrations (self-rewarding's IFT + EFT seed data)."""
-
-    type: Literal["judge_data"] = "judge_data"
-    task: PreferenceTaskSource = Field(default_factory=PreferenceTaskSource)
-    kind: Literal["pointwise", "pairwise"] = "pairwise"
-    template: str = "compact-pairwise"
-    scale: tuple[float, float] = (0.0, 1.0)
-    sft_n: int = Field(0, ge=0, description="task demonstrations mixed in")
-    solve_first: bool = Field(False, description="the judge works the problem out before its verdict")
-
-
-@register_stage("judge_data", JudgeDataConfig, "synthetic judge training data (known verdicts) for an SFT stage")
-def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[str, float]:
-    from tether.tasks import get_task, sft_records
-
-    source = cfg.task
-    task = get_task(source.name, **source.options)
-    rows = judge_records(task, source.n, kind=cfg.kind, template=cfg.template, seed=source.seed,
-                         errors=source.errors, scale=cfg.scale, solve_first=cfg.solve_first)
-    if cfg.sft_n:
-        rows += sft_records(task, cfg.sft_n, seed=source.seed + 1)
-        random.Random(f"judge-data:{source.seed}").shuffle(rows)
-    stage_dir = run_dir / (cfg.name or cfg.type)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(stage_dir / "train.jsonl", rows)
-    results = {"records": float(len(rows)), "judge_records": float(len(rows) - cfg.sft_n)}
-    if source.eval_n:
-        _write_jsonl(stage_dir / "eval.jsonl", judge_records(task, source.eval_n, kind=cfg.kind, template=cfg.template,
-                                                             seed=source.seed, split="eval", errors=source.errors,
-                                                             scale=cfg.scale, solve_first=cfg.solve_first))
-    mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
-    return results
+    def start_round(self, r: int) -> None:
+        super().start_round(r)
+        done = self.round_dir(r) / "round.json"
+        if done.exists():
+            self.results[f"round_{r + 1}/match_rate"] = json.loads(done.read_text())["figures"]["round/match_rate"]

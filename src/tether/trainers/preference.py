@@ -26,263 +26,34 @@ How it departs from a textbook DPO loop:
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from tether.config import StageConfig, StrictModel
-from tether.core.logprobs import selective_log_softmax, sequence_logprobs
-from tether.core.preference import (
-    PREFERENCE_LOSSES,
-    UNPAIRED_LOSSES,
-    PreferenceInputs,
-    mixed_preference_loss,
-    wpo_weights,
-)
+from tether.config.preference import DPOConfig
+from tether.core.logprobs import sequence_logprobs
+from tether.core.preference import UNPAIRED_LOSSES, PreferenceInputs
 from tether.data import DataError, TokenizedExample, tokenize_sft
-from tether.data.prefix_sharing import sequence_token_logprobs
-from tether.models.reward_model import layout_sequences
-from tether.pipeline import register_stage
-from tether.tasks.preferences import split_pairs
-from tether.trainers.loop import Trainer
-from tether.trainers.reward import (
-    BatchSchedule,
-    PairDataConfig,
+from tether.data.pairs import (
     PairExample,
-    chunks,
-    load_pair_records,
+    UnpairedExample,
+    is_paired,
     pair_data,
     tokenize_pairs,
+    tokenize_unpaired,
 )
+from tether.data.schedule import BatchSchedule, chunks
+from tether.models.logprobs import example_logprobs, pair_logprobs, preference_inputs
+from tether.tasks.preferences import split_pairs
+from tether.trainers.loop import Trainer
 
 log = logging.getLogger(__name__)
 
-REFERENCE_FREE = frozenset({"simpo", "orpo"})
-HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "simpo_gamma", "length_normalize", "desirable_weight",
-           "undesirable_weight")
 REFERENCE_CACHE = "reference_logps.pt"
-
-
-class PreferenceDataConfig(PairDataConfig):
-    split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
-                                                 "undesirable")
-    prefix_sharing: bool | Literal["auto"] = Field(
-        True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at "
-                          "least) go through the model once (sdpa / eager attention; others ignore it); auto: "
-                          "only where a cost model says it is cheaper")
-
-
-class PreferenceLossConfig(StrictModel):
-    """The preference-loss fields a stage config shares (offline ``dpo``, ``online_dpo``): which loss
-    and its hyperparameters. Hyperparameters left unset take the loss's own default; one the selected
-    loss does not take is ignored with a warning, so a recipe tuned for one loss runs after
-    ``loss=NAME``."""
-
-    loss: str | dict[str, float] = Field("sigmoid", description="a PREFERENCE_LOSSES name, 'kto', or "
-                                                                "{name: weight} for a mix")
-    beta: float | None = Field(None, gt=0)
-    label_smoothing: float | None = Field(None, ge=0, le=0.5, description="cdpo / robust")
-    rpo_alpha: float | None = Field(None, ge=0, description="rpo: weight of the chosen NLL")
-    simpo_gamma: float | None = Field(None, description="simpo: target margin")
-    length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
-    desirable_weight: float | None = Field(None, gt=0, description="kto")
-    undesirable_weight: float | None = Field(None, gt=0, description="kto")
-    wpo: bool = Field(False, description="weight pairs by their probability under the policy (WPO)")
-
-    @property
-    def loss_names(self) -> list[str]:
-        return list(self.loss) if isinstance(self.loss, dict) else [self.loss]
-
-    @property
-    def unpaired(self) -> bool:
-        return self.loss == "kto"
-
-    @property
-    def needs_reference(self) -> bool:
-        return not all(name in REFERENCE_FREE for name in self.loss_names)
-
-    def _functions(self) -> list[Callable]:
-        return [UNPAIRED_LOSSES.get(n) if n == "kto" else PREFERENCE_LOSSES.get(n) for n in self.loss_names]
-
-    def hparams(self) -> dict[str, Any]:
-        """The hyperparameters that are set and taken by one of the selected losses."""
-        accepted = {p for fn in self._functions() for p in inspect.signature(fn).parameters}
-        return {k: getattr(self, k) for k in HPARAMS if getattr(self, k) is not None and k in accepted}
-
-    def ignored_hparams(self) -> list[str]:
-        """Set hyperparameters no selected loss takes (e.g. ``rpo_alpha`` after ``loss=ipo``)."""
-        return [k for k in HPARAMS if getattr(self, k) is not None and k not in self.hparams()]
-
-    @model_validator(mode="after")
-    def _check_loss_names(self) -> PreferenceLossConfig:
-        if isinstance(self.loss, dict) and not self.loss:
-            raise ValueError("loss: an empty mix; give {name: weight, ...}")
-        for name in self.loss_names:
-            if name == "kto" and isinstance(self.loss, dict):
-                raise ValueError("'kto' takes unpaired data and cannot be mixed with paired losses")
-            if name != "kto" and name not in PREFERENCE_LOSSES:
-                valid = ", ".join([*PREFERENCE_LOSSES.names(), "kto"])
-                raise ValueError(f"unknown preference loss {name!r}; valid names: {valid}")
-        if self.wpo and self.unpaired:
-            raise ValueError("wpo weights pairs; it does not apply to kto")
-        return self
-
-
-class DPOConfig(PreferenceLossConfig, StageConfig):
-    """Offline preference optimisation; hyperparameters left unset take the loss's own default.
-
-    A hyperparameter the selected loss does not take is ignored with a warning, so a recipe tuned
-    for one loss still runs after ``dpo.loss=NAME``.
-    """
-
-    type: Literal["dpo"] = "dpo"
-    data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task={"name": "arithmetic"}))
-
-    @model_validator(mode="after")
-    def _check_data(self) -> DPOConfig:
-        if self.data.task is not None and self.data.task.kind == "stepwise":
-            raise ValueError("data.task.kind 'stepwise' is for process reward models; use correctness, style "
-                             "or mixed")
-        return self
-
-
-def paired_loss_fn(cfg: DPOConfig) -> Callable[[PreferenceInputs], tuple[torch.Tensor, dict]]:
-    """The configured paired loss (or mix) with its hyperparameters bound."""
-    if isinstance(cfg.loss, dict):
-        return partial(mixed_preference_loss, losses=cfg.loss, **cfg.hparams())
-    return partial(PREFERENCE_LOSSES.get(cfg.loss), **cfg.hparams())
-
-
-def record_format(cfg: DPOConfig) -> str | None:
-    """``data.format``, else ``preference`` for paired losses; KTO detects pairs or unpaired records."""
-    return cfg.data.format or (None if cfg.unpaired else "preference")
-
-
-def loss_beta(cfg: DPOConfig) -> float:
-    """β of the (first) configured loss: the implicit reward's scale."""
-    if cfg.beta is not None:
-        return cfg.beta
-    return inspect.signature(cfg._functions()[0]).parameters["beta"].default
-
-
-# ---- log-probs --------------------------------------------------------------------------------------
-
-
-def sequence_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
-                         pad_token_id: int, packing: bool = True, groups: Sequence[int] | None = None,
-                         only_if_cheaper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of each example's loss tokens, from one forward pass.
-
-    Returns ``(token_logps, mask)``, both shape (N, T): ``token_logps[i, j]`` is the log-prob of the
-    j-th token of example i from its first loss token on, where ``mask[i, j]`` (that token is a loss
-    token), 0 elsewhere. Packed by default; examples with the same ``groups`` id (a pair's chosen and
-    rejected) then share their common prefix (:mod:`tether.data.prefix_sharing`). With
-    ``packing=False`` one right-padded row per example.
-    """
-    if not packing:
-        return _padded_token_logps(model, examples, pad_token_id=pad_token_id)
-    first = [next((t for t, label in enumerate(e.labels) if t > 0 and label != -100), len(e)) for e in examples]
-    logps, valid, _ = sequence_token_logprobs(model, [e.input_ids for e in examples], first_targets=first,
-                                              groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id,
-                                              only_if_cheaper=only_if_cheaper)
-    scored = torch.zeros(valid.shape, dtype=torch.bool)
-    for i, (e, f) in enumerate(zip(examples, first, strict=True)):
-        scored[i, : len(e) - f] = torch.tensor(e.labels[f:], dtype=torch.long) != -100
-    mask = scored.to(valid.device) & valid
-    return torch.where(mask, logps, 0.0), mask
-
-
-def _padded_token_logps(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, pad_token_id: int
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    device = next(model.parameters()).device
-    packed, attention_mask = layout_sequences([e.input_ids for e in examples], packing=False,
-                                              row_tokens=0, pad_token_id=pad_token_id)
-    labels = torch.full_like(packed.input_ids, -100)
-    for i, e in enumerate(examples):
-        labels[i, : len(e) - 1] = torch.tensor(e.labels[1:], dtype=torch.long)
-    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in packed.model_inputs().items()}
-    logits = model(**inputs, attention_mask=attention_mask.to(device)).logits
-    token_logps = selective_log_softmax(logits, labels.to(device))[:, :-1]
-    mask = (labels != -100)[:, :-1].to(device)
-    return torch.where(mask, token_logps, 0.0), mask
-
-
-def pair_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
-                ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
-                packing: bool = True, prefix_sharing: bool | str = True) -> PreferenceInputs:
-    """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
-    a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
-    (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
-    b = len(pairs)
-    tok, mask = pair_token_logps(model, pairs, row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing,
-                                 prefix_sharing=prefix_sharing)
-    logps = sequence_logprobs(tok, mask, average=False)
-    lengths = mask.sum(-1).float()
-    weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if wpo else None
-    return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
-                            weights=weights)
-
-
-def pair_token_logps(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,
-                     packing: bool = True, prefix_sharing: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequence_token_logps`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``
-    (``prefix_sharing="auto"``: shared only where that is cheaper)."""
-    groups = list(range(len(pairs))) * 2 if prefix_sharing else None
-    return sequence_token_logps(model, [p.chosen for p in pairs] + [p.rejected for p in pairs], row_tokens=row_tokens,
-                                pad_token_id=pad_token_id, packing=packing, groups=groups,
-                                only_if_cheaper=prefix_sharing == "auto")
-
-
-def pair_loss(loss_fn: Callable[[PreferenceInputs], tuple[torch.Tensor, dict]], loss: str | dict[str, float],
-              inputs: PreferenceInputs) -> tuple[torch.Tensor, dict]:
-    """The pair-mean loss and its metrics; for a mix, the first component's rewards also unprefixed,
-    so logs read the same whatever the loss."""
-    value, metrics = loss_fn(inputs)
-    if isinstance(loss, dict):
-        first = next(iter(loss))
-        metrics.update({k[len(first) + 1:]: v for k, v in list(metrics.items()) if k.startswith(f"{first}/rewards/")})
-    return value, metrics
-
-
-# ---- unpaired examples ----------------------------------------------------------------------------
-
-
-@dataclass
-class UnpairedExample:
-    prompt: Any
-    completion: Any
-    example: TokenizedExample
-    desirable: bool
-    tools: Any = None
-
-
-def tokenize_unpaired(records: Sequence[dict], tokenizer: Any, *, max_length: int, overflow: str
-                      ) -> tuple[list[UnpairedExample], dict[str, int]]:
-    out, stats = [], {"overflow": 0}
-    for r in records:
-        row = {"prompt": r["prompt"], "completion": r["completion"], "tools": r.get("tools")}
-        example = tokenize_sft({k: v for k, v in row.items() if v is not None}, tokenizer,
-                               max_length=max_length, overflow=overflow)
-        if example is None:
-            stats["overflow"] += 1
-            continue
-        out.append(UnpairedExample(r["prompt"], r["completion"], example, bool(r["label"]), r.get("tools")))
-    return out, stats
-
-
-def _is_paired(records: Sequence[dict]) -> bool:
-    return bool(records) and "chosen" in records[0]
-
-
-# ---- the trainer -----------------------------------------------------------------------------------
 
 
 class PreferenceTrainer(Trainer):
@@ -295,7 +66,7 @@ class PreferenceTrainer(Trainer):
         cfg = self.config
         counts = dict(dropped or {})
         if records is None:
-            records, default_eval, counts = pair_data(cfg.data, kind="correctness", format=record_format(cfg),
+            records, default_eval, counts = pair_data(cfg.data, kind="correctness", format=cfg.record_format(),
                                                       unpaired=cfg.unpaired)
             eval_records = default_eval if eval_records is None else eval_records
         records = self._fit_to_loss(records, "training")
@@ -309,7 +80,7 @@ class PreferenceTrainer(Trainer):
         self.eval_pairs: list[PairExample] = []
         self.eval_unpaired: list[UnpairedExample] = []
         if eval_records:
-            if _is_paired(eval_records):
+            if is_paired(eval_records):
                 self.eval_pairs = tokenize_pairs(eval_records, tokenizer, max_length=cfg.data.max_length,
                                                  overflow=cfg.data.overflow)[0]
             elif cfg.unpaired:
@@ -326,8 +97,8 @@ class PreferenceTrainer(Trainer):
                                       grad_accum=cfg.train.grad_accum, seed=cfg.train.seed, rank=self.dist.rank,
                                       world_size=self.dist.world_size, reshuffle=not cfg.unpaired)
         self.kl_examples = self._kl_examples() if cfg.unpaired else {}
-        self.loss = paired_loss_fn(cfg) if not cfg.unpaired else None
-        self.beta = loss_beta(cfg)
+        self.loss = cfg.paired_loss() if not cfg.unpaired else None
+        self.beta = cfg.implicit_beta
         self.ref: dict[str, torch.Tensor] | None = None
         if cfg.ignored_hparams():
             log.warning("%s: %s not used by loss %r; ignored", self.stage, ", ".join(cfg.ignored_hparams()), cfg.loss)
@@ -339,13 +110,13 @@ class PreferenceTrainer(Trainer):
 
     def _fit_to_loss(self, records: list[dict], what: str) -> list[dict]:
         cfg = self.config
-        if cfg.unpaired and _is_paired(records):
+        if cfg.unpaired and is_paired(records):
             if not cfg.data.split_pairs:
                 raise DataError(f"stage {self.stage!r}: loss 'kto' takes unpaired records (prompt, completion, "
                                 f"label) but the {what} records are preference pairs; set data.split_pairs: true "
                                 "to use each pair as one desirable and one undesirable example")
             return split_pairs(records)
-        if not cfg.unpaired and records and not _is_paired(records):
+        if not cfg.unpaired and records and not is_paired(records):
             raise DataError(f"stage {self.stage!r}: loss {cfg.loss!r} takes preference pairs (prompt, chosen, "
                             f"rejected) but the {what} records are not pairs")
         return records
@@ -391,9 +162,9 @@ class PreferenceTrainer(Trainer):
                 "eval_rejected": [p.rejected for p in self.eval_pairs]}
 
     def token_logps(self, examples: Sequence[TokenizedExample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``sequence_token_logps`` under the current model, laid out as ``config.data`` says."""
+        """:func:`~tether.models.logprobs.example_logprobs` under the current model, laid out as ``config.data`` says."""
         data = self.config.data
-        return sequence_token_logps(self.model, examples, row_tokens=data.pack_length,
+        return example_logprobs(self.model, examples, row_tokens=data.pack_length,
                                     pad_token_id=self.tokenizer.pad_token_id, packing=data.packing)
 
     @torch.no_grad()
@@ -412,7 +183,7 @@ class PreferenceTrainer(Trainer):
         data = self.config.data
         out = []
         for chunk in chunks(list(pairs), self.config.train.batch_size):
-            tok, mask = pair_token_logps(self.model, chunk, row_tokens=data.pack_length,
+            tok, mask = pair_logprobs(self.model, chunk, row_tokens=data.pack_length,
                                          pad_token_id=self.tokenizer.pad_token_id, packing=data.packing,
                                          prefix_sharing=data.prefix_sharing)
             out.append(sequence_logprobs(tok, mask, average=False).cpu().view(2, -1))
@@ -471,7 +242,7 @@ class PreferenceTrainer(Trainer):
                     ref_rejected: torch.Tensor | None) -> PreferenceInputs:
         """Policy statistics of chosen and rejected (one forward pass) with the given reference log-probs."""
         data = self.config.data
-        return pair_inputs(self.model, pairs, ref_chosen, ref_rejected, wpo=self.config.wpo,
+        return preference_inputs(self.model, pairs, ref_chosen, ref_rejected, wpo=self.config.wpo,
                            row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
                            packing=data.packing, prefix_sharing=data.prefix_sharing)
 
@@ -479,7 +250,7 @@ class PreferenceTrainer(Trainer):
         device = self.device
         inputs = self.pair_inputs([self.examples[i] for i in idx], self._ref("train_chosen", idx, device),
                                   self._ref("train_rejected", idx, device))
-        loss, metrics = pair_loss(self.loss, self.config.loss, inputs)
+        loss, metrics = self.loss(inputs)
         return loss * len(idx) / global_pairs, metrics
 
     def unpaired_loss(self, idx: list[int], global_examples: float) -> tuple[torch.Tensor, dict]:
@@ -533,38 +304,3 @@ class PreferenceTrainer(Trainer):
         figures = self.preference_figures()
         figures.update(super().evaluate())
         return figures
-
-
-# ---- the one-call API and the stage ----------------------------------------------------------------
-
-
-def train_dpo(config: DPOConfig | dict, *, out: str | Path, model: Any = None, tokenizer: Any = None,
-              dataset: Any = None, eval_dataset: Any = None, resume: bool = False) -> dict[str, float]:
-    """Offline preference optimisation (DPO and relatives, or KTO with ``loss: kto``).
-
-    ``model``: None (``config.model``), a path / hub id, or a loaded causal LM with its
-    ``tokenizer``. ``dataset`` / ``eval_dataset``: preference pairs (or unpaired records for KTO)
-    as a file, list of dicts or ``datasets.Dataset``, replacing ``config.data``. Pairs whose
-    chosen equals their rejected, and records with an empty completion, are dropped and counted.
-    Writes the policy to ``out/<stage>`` and returns the held-out figures.
-    """
-    from tether.models.loading import resolve_model
-
-    cfg = config if isinstance(config, DPOConfig) else DPOConfig.model_validate(config)
-    model, tokenizer = resolve_model(model, tokenizer, cfg.model)
-    records = held = None
-    dropped: dict[str, int] = {}
-    if dataset is not None:
-        records, dropped = load_pair_records(dataset, record_format(cfg))
-    if eval_dataset is not None:
-        held, eval_dropped = load_pair_records(eval_dataset, None if cfg.unpaired else "preference")
-        dropped = {k: dropped.get(k, 0) + v for k, v in eval_dropped.items()}
-    trainer = PreferenceTrainer(cfg, model, tokenizer, out, records=records, eval_records=held, dropped=dropped,
-                                stage=cfg.name or cfg.type)
-    return trainer.fit(resume=resume)
-
-
-@register_stage("dpo", DPOConfig, "offline preference optimisation: DPO, IPO, cDPO, hinge, RPO, SimPO, ORPO, "
-                                  "SPPO, KTO, WPO")
-def run_dpo(cfg: DPOConfig, run_dir: Path, resume: bool) -> dict[str, float]:
-    return train_dpo(cfg, out=run_dir, resume=resume)

@@ -1,292 +1,157 @@
-"""The critic-free policy-gradient family: GRPO, Dr. GRPO, RLOO, REINFORCE, REINFORCE++, ReMax, DAPO.
+"""The RL machinery every RL stage runs on: the GRPO family directly, PPO with a critic, agents multi-turn.
 
-One step reads: sample a prompt batch -> generate ``group_size`` completions per prompt ->
-score them with the reward functions -> old / reference log-probs -> advantages (a registry
-estimator) -> ``num_iterations`` passes of minibatch updates with a registry policy loss.
-The algorithm is configuration (``advantage``, ``kl``, ``clip``, ``loss_agg``); ``algorithm:``
-presets fill those in for the named methods (explicit keys still win).
+One step (:meth:`RLTrainer.training_step`) reads: sample a prompt batch -> generate ``group_size``
+completions per prompt -> score them with the reward functions (and shape the scores) -> the frozen
+passes each term needs (old-policy and reference log-probs, the critic's values) -> the KL to the
+reference, in the reward or in the loss -> advantages (a registry estimator, over the whole job's
+batch) -> ``num_iterations`` passes of minibatch updates of a registry policy loss (plus the value
+loss when there is a critic, and the entropy bonus), every term aggregated by ``agg_loss``. The step
+carries one :class:`RLBatch`. What an advantage estimator reads beyond rewards (ReMax's greedy
+baseline, GAE's values) is declared by its registry entry (``ADVANTAGE_ESTIMATORS.needs``); the
+critic exists when the config has one (``ppo``).
 
-How it departs from the papers: the KL estimators, the clipped surrogate, the aggregation
-and the advantages are exactly as in ``tether.core``; generation happens with the live policy
-weights (no separate inference engine), so "old" log-probs are recomputed by a forward pass
-when more than one update uses a rollout, and equal the current log-probs (ratio 1)
-otherwise, as in TRL and verl.
+How it departs from the papers: the KL estimators, the clipped surrogate, the aggregation and the
+advantages are exactly as in ``tether.core``; "old" log-probs are recomputed by a forward pass when
+more than one update uses a rollout (or the KL goes into the reward), and equal the current log-probs
+(ratio 1) otherwise, as in TRL and verl. The sampler's own log-probs travel in the batch
+(``sampler_logprobs``) but are not used for the update.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import random
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, field_validator, model_validator
 
-from tether.config import StageConfig, StrictModel, TaskSource, known_name
+from tether.config.rl import RLConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
-from tether.core.aggregation import LOSS_AGGREGATIONS, agg_loss, num_seqs, num_tokens
-from tether.core.kl import KL_ESTIMATORS, kl_penalty
-from tether.core.policy_loss import POLICY_LOSSES
-from tether.data import load_records, tokenize_prompts
-from tether.data.prefix_sharing import sequence_token_logprobs
-from tether.pipeline import deep_merge
-from tether.rewards import RewardComposer, RewardSpec
-from tether.rewards.ray_scoring import RayRewardComposer
-from tether.rewards.shaping import overlong_penalty
+from tether.core.aggregation import agg_loss, masked_mean, num_seqs, num_tokens
+from tether.core.kl import KL_CONTROLLERS, kl_penalty
+from tether.core.policy_loss import POLICY_LOSSES, value_loss_clipped
+from tether.data.sources import training_prompts
+from tether.models.logprobs import completion_logprobs
+from tether.models.value_model import build_actor_critic, completion_values
+from tether.rewards import RunningMoments, overlong_penalty, shape_scores
 from tether.rollout import Rollout, SamplingParams
 from tether.rollout.engines import build_engine
-from tether.tasks import get_task, rl_records
+from tether.scoring import reward_composer
+from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters, global_advantages
 
-log = logging.getLogger(__name__)
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Shao et al. 2024: group-normalised advantage, k3 KL in the loss, per-sequence mean.
-    "grpo": {"advantage": "grpo", "loss_agg": "seq-mean-token-mean", "kl": {"coef": 0.04, "estimator": "k3"}},
-    # Liu et al. 2025: no std division, no length normalisation (constant divisor), no KL.
-    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm", "kl": {"coef": 0.0}},
-    # Ahmadian et al. 2024: leave-one-out baseline, sequence KL folded into the reward.
-    "rloo": {"advantage": "rloo", "loss_agg": "token-mean",
-             "kl": {"coef": 0.05, "estimator": "k1", "in_reward": True}},
-    # Williams 1992 with a moving-average baseline.
-    "reinforce": {"advantage": "reinforce", "loss_agg": "token-mean", "kl": {"coef": 0.0}},
-    # Hu 2025: per-token KL in the reward, global batch normalisation.
-    "reinforce_pp": {"advantage": "reinforce_pp", "loss_agg": "token-mean",
-                     "kl": {"coef": 0.01, "estimator": "k2", "in_reward": True}},
-    # Li et al. 2023: a greedy rollout per prompt is the baseline.
-    "remax": {"advantage": "remax", "loss_agg": "token-mean", "kl": {"coef": 0.0}},
-    # Yu et al. 2025: clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL.
-    "dapo": {"advantage": "grpo", "loss_agg": "token-mean", "kl": {"coef": 0.0},
-             "clip": {"low": 0.2, "high": 0.28}, "dynamic_sampling": {"enabled": True},
-             "overlong": {"buffer": 16, "penalty": 1.0}},
-}
+@dataclass
+class RLBatch:
+    """One step's rollouts and what the step computes from them. B samples (groups of ``group_size``
+    contiguous), T the longest completion; tensors on the model's device."""
 
+    prompt_indices: list[int]  # the record index of each group
+    rollout: Rollout  # prompt and completion token ids, texts, finish reasons
+    scores: torch.Tensor  # (B,) the reward functions' weighted sum plus shaping terms; NaN: no reward
+    metrics: dict[str, Any]  # what collecting and scoring measured
+    mask: torch.Tensor | None = None  # (B, T) float: 1 on the completion tokens trained on
+    truncated: torch.Tensor | None = None  # (B,) bool: cut at max_new_tokens
+    valid: torch.Tensor | None = None  # (B,) bool: has a reward
+    sampler_logprobs: torch.Tensor | None = None  # (B, T) the sampler's per-token log-probs
+    rewards: torch.Tensor | None = None  # (B,) the outcome reward the advantages see
+    old_logprobs: torch.Tensor | None = None  # (B, T) the behaviour policy's (None: ratio 1)
+    ref_logprobs: torch.Tensor | None = None  # (B, T) the reference policy's
+    values: torch.Tensor | None = None  # (B, T) the critic's V(s_t) at rollout time
+    kl: torch.Tensor | None = None  # (B, T) per-token KL(behaviour || reference), 0 off the mask
+    token_rewards: torch.Tensor | None = None  # (B, T) -beta * kl when the KL is in the reward
+    advantages: torch.Tensor | None = None  # (B, T)
+    returns: torch.Tensor | None = None  # (B, T) the critic's targets
+    gold: torch.Tensor | None = None  # (B,) the gold reward, logged only
 
-class SamplingConfig(StrictModel):
-    """How completions are sampled (the RL and the online preference trainers' rollouts)."""
-
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(64, ge=1)
-    stop: list[str] = Field(default_factory=list)
-    engine_batch_size: int | None = Field(None, ge=1)
-
-
-class RolloutConfig(SamplingConfig):
-    group_size: int = Field(8, ge=1, description="completions per prompt")
-    mask_truncated: bool = Field(False, description="no loss on completions cut at max_new_tokens (DAPO)")
-    engine: Literal["hf", "vllm", "ray"] = Field("hf", description="hf: in process; vllm: colocated on the GPU "
-                                                 "(extra tether[vllm]); ray: rollout workers (extra tether[ray])")
-    workers: int = Field(2, ge=1, description="ray engine: rollout worker actors")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="vllm: vllm.LLM arguments "
-                                           "(gpu_memory_utilization, ...); ray: num_cpus, num_gpus, address")
-
-
-class KLConfig(StrictModel):
-    coef: float = Field(0.0, ge=0)
-    estimator: str = "k3"
-    in_reward: bool = Field(False, description="subtract coef*KL from the reward instead of adding it to the loss")
-
-    @field_validator("estimator")
-    @classmethod
-    def _known(cls, value: str) -> str:
-        return known_name(KL_ESTIMATORS, value)
-
-
-class ClipConfig(StrictModel):
-    low: float = Field(0.2, ge=0)
-    high: float = Field(0.2, ge=0)
-    dual: float | None = Field(None, gt=1)
-
-
-class OverlongConfig(StrictModel):
-    """DAPO soft overlong punishment inside ``buffer`` tokens before ``rollout.max_new_tokens``."""
-
-    buffer: int = Field(16, ge=1)
-    penalty: float = Field(1.0, ge=0)
-
-
-class DynamicSamplingConfig(StrictModel):
-    enabled: bool = False
-    max_rounds: int = Field(4, ge=1, description="generation rounds per step before giving up filling")
-
-
-class RLDataConfig(StrictModel):
-    """Prompts with their answers: a ``prompt_answer`` file, or a task generator."""
-
-    path: str | None = None
-    task: TaskSource | None = None
-    chat: bool = False
-    prompt_template: str = Field("{prompt}", description="e.g. '{prompt}<think>' for an R1-Zero template")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> RLDataConfig:
-        if "{prompt}" not in self.prompt_template:
-            raise ValueError("data.prompt_template must contain '{prompt}'")
-        if (self.path is None) == (self.task is None):
-            raise ValueError("data needs exactly one of 'path' or 'task'")
-        return self
-
-
-class RewardConfig(StrictModel):
-    name: str
-    weight: float = 1.0
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-
-
-class UpdateLayoutConfig(StrictModel):
-    """How a rollout batch is cut and laid out for the policy update (the RL and PPO trainers)."""
-
-    mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
-    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
-    row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: bool | Literal["auto"] = Field(
-        True, description="the update forward computes a prompt shared by a group's completions once (sdpa / "
-                          "eager attention; others ignore it); auto: only where a cost model says it is cheaper "
-                          "(not on narrow models with short prompts)")
-
-
-class GRPOConfig(UpdateLayoutConfig, StageConfig):
-    """Critic-free RL. ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
-
-    type: Literal["grpo"] = "grpo"
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo"] | None = None
-    data: RLDataConfig = Field(default_factory=lambda: RLDataConfig(task=TaskSource()))
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    rewards: list[RewardConfig] = Field(default_factory=lambda: [RewardConfig(name="accuracy")])
-    reward_on_error: Literal["raise", "zero"] = "raise"
-    reward_workers: int = Field(0, ge=0, description="score rewards in this many Ray actors (extra tether[ray]); "
-                                                     "0: in process")
-    advantage: str = "grpo"
-    advantage_kwargs: dict[str, Any] = Field(default_factory=dict)
-    policy_loss: str = "ppo_clip"
-    loss_agg: str = "seq-mean-token-mean"
-    kl: KLConfig = Field(default_factory=KLConfig)
-    clip: ClipConfig = Field(default_factory=ClipConfig)
-    entropy_coef: float = 0.0
-    num_iterations: int = Field(1, ge=1, description="passes over each rollout batch (GRPO's mu)")
-    overlong: OverlongConfig | None = None
-    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
-    sample_every: int = Field(10, ge=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("algorithm"):
-            preset = PRESETS.get(data["algorithm"])
-            if preset is not None:
-                return deep_merge(preset, data)
-        return data
-
-    @model_validator(mode="after")
-    def _known_names(self) -> GRPOConfig:
-        known_name(ADVANTAGE_ESTIMATORS, self.advantage)
-        known_name(POLICY_LOSSES, self.policy_loss)
-        known_name(LOSS_AGGREGATIONS, self.loss_agg)
-        if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
-            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
-                             f"({self.rollout.max_new_tokens})")
-        if self.advantage == "gae":
-            raise ValueError("advantage 'gae' needs a critic: use the PPO trainer")
-        return self
-
-
-def rl_prompt_records(data: RLDataConfig) -> list[dict]:
-    if data.path is not None:
-        return load_records(data.path)  # prompt_answer rows, or prompts alone for RM / judge rewards
-    source = data.task
-    return rl_records(get_task(source.name, **source.options), source.n, seed=source.seed)
-
-
-def prompt_texts(data: RLDataConfig, records: list[dict] | None, stage: str | None) -> tuple[list[dict], list[str]]:
-    """The records (given, or from ``data``) and their prompts through ``data.prompt_template``; an
-    empty set is an error."""
-    records = records if records is not None else rl_prompt_records(data)
-    if not records:
-        raise ValueError(f"stage {stage!r}: no prompts")
-    return records, [data.prompt_template.format(prompt=r["prompt"]) for r in records]
-
-
-def training_prompts(data: RLDataConfig, records: list[dict] | None, tokenizer: Any, stage: str
-                     ) -> tuple[list[dict], list[str], list[list[int]]]:
-    """:func:`prompt_texts` and the prompts' token ids (chat-templated with ``data.chat``)."""
-    records, prompts = prompt_texts(data, records, stage)
-    return records, prompts, tokenize_prompts(prompts, tokenizer, chat=data.chat)
-
-
-def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
-                        temperature: float, row_tokens: int, pad_token_id: int, with_entropy: bool = False,
-                        entropy_grad: bool = False, share_prompts: bool | Literal["auto"] = True
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropies) of each completion given its prompt, shape (N, C).
-
-    The prompt+completion sequences are packed; with ``share_prompts`` the completions of one prompt
-    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`);
-    ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`).
-    Position j of row i scores ``completions[i][j]``; positions past a completion's length are 0.
-    """
-    index: dict[tuple[int, ...], int] = {}
-    groups = [index.setdefault(tuple(p), len(index)) for p in prompts] if share_prompts else None
-    logps, _, entropy = sequence_token_logprobs(
-        model, [p + c for p, c in zip(prompts, completions, strict=True)], first_targets=[len(p) for p in prompts],
-        groups=groups, temperature=temperature, row_tokens=row_tokens, pad_token_id=pad_token_id,
-        with_entropy=with_entropy, entropy_grad=entropy_grad, only_if_cheaper=share_prompts == "auto")
-    return logps, entropy
+    def __len__(self) -> int:
+        return len(self.rollout)
 
 
 class RLTrainer(Trainer):
-    """Generate -> score -> advantage -> clipped policy-gradient updates, on the shared loop."""
+    """Generate -> score -> advantage -> clipped policy-gradient updates (and a critic), on the shared loop."""
 
-    def __init__(self, config: GRPOConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path, *,
+    config: RLConfig
+
+    def __init__(self, config: RLConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path, *,
                  records: list[dict] | None = None, reward_functions: list | None = None,
-                 stage: str | None = None) -> None:
+                 gold_functions: list | None = None, critic: Any = None, stage: str | None = None) -> None:
+        if config.critic is not None and not hasattr(model, "values"):
+            model = build_actor_critic(config, model, tokenizer, critic, reward_functions)
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
+        if not (reward_functions or cfg.rewards):
+            raise ValueError(f"stage {self.stage!r} needs a reward: config.rewards (e.g. {{name: reward_model, "
+                             "kwargs: {path: ...}}) or reward_functions")
         self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
-        self.engine = build_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.engine_batch_size,
+        self.engine = build_engine(cfg.rollout.engine, self.policy, tokenizer, batch_size=cfg.rollout.engine_batch_size,
                                    workers=cfg.rollout.workers, options=cfg.rollout.engine_options,
                                    worker_model=cfg.model.model_dump(exclude={"lora", "device"}))
-        if reward_functions is not None:  # plain callables, RewardSpecs or {name, weight, kwargs} dicts
-            specs = [f if isinstance(f, RewardSpec | dict) else RewardSpec(f) for f in reward_functions]
-        else:
-            specs = [RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in cfg.rewards]
-        if getattr(cfg, "reward_workers", 0):  # the same composer, its batches scored by Ray actors
-            self.rewards = RayRewardComposer(specs, on_error=cfg.reward_on_error, num_workers=cfg.reward_workers)
-        else:
-            self.rewards = RewardComposer(specs, on_error=cfg.reward_on_error)
+        defaults = cfg.reward_defaults()
+        self.rewards = reward_composer(reward_functions if reward_functions is not None else cfg.rewards,
+                                       on_error=cfg.reward_on_error, defaults=defaults, workers=cfg.reward_workers)
+        gold = gold_functions if gold_functions is not None else ([cfg.gold] if cfg.gold else [])
+        self.gold = reward_composer(gold, on_error=cfg.reward_on_error, defaults=defaults) if gold else None
         self.ref_model = self._reference_model()
+        kl = cfg.kl
+        self.kl_controller = KL_CONTROLLERS.get(kl.controller)(kl.coef, target=kl.target, horizon=kl.horizon)
+        self.moments = RunningMoments()
         self.running_baseline: torch.Tensor | None = None
         self.prompt_cursor = 0
 
     # ---- set-up ------------------------------------------------------------------------------
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The causal LM that samples (an actor-critic's policy)."""
+        return getattr(self.model, "generator", self.model)
+
     def total_updates(self) -> int:
         cfg = self.config
         return cfg.train.max_steps * cfg.num_iterations * cfg.mini_batches
 
-    def _reference_model(self) -> torch.nn.Module | None:
-        """A frozen copy of the initial policy, only when a KL term is used; none under LoRA."""
-        if self.config.kl.coef == 0:
+    def optimizer_parts(self) -> list[tuple[list[torch.nn.Parameter], float]] | None:
+        """With a critic: the policy at ``optim.lr``, the critic at ``critic.lr``."""
+        if self.config.critic is None:
             return None
-        if hasattr(self.model, "disable_adapter"):
-            return None  # LoRA: the base model with the adapter disabled is the reference
-        ref = copy.deepcopy(self.model).eval()
+        policy, critic = self.model.parts()
+        return [(policy, self.config.optim.lr), (critic, self.config.critic.lr or self.config.optim.lr)]
+
+    def load_model_weights(self, checkpoint: Path) -> None:
+        if self.config.critic is None:
+            super().load_model_weights(checkpoint)
+        else:
+            self.model.load_pretrained_weights(checkpoint)
+
+    def needs_reference(self) -> bool:
+        """Whether a reference model is kept: for a KL term that is on (or adapted from 0)."""
+        return self.config.kl.coef > 0 or self.config.kl.controller != "fixed"
+
+    def _reference_model(self) -> torch.nn.Module | None:
+        """A frozen copy of the initial policy when :meth:`needs_reference`; none under LoRA (the base model
+        with the adapter disabled is the reference)."""
+        if not self.needs_reference() or hasattr(self.policy, "disable_adapter"):
+            return None
+        ref = copy.deepcopy(self.policy).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
 
     def extra_state(self) -> dict[str, Any]:
-        return {"running_baseline": self.running_baseline, "prompt_cursor": self.prompt_cursor}
+        return {"running_baseline": self.running_baseline, "prompt_cursor": self.prompt_cursor,
+                "kl_controller": self.kl_controller.state_dict(), "reward_moments": self.moments.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.running_baseline = state.get("running_baseline")
         self.prompt_cursor = state.get("prompt_cursor", 0)
+        if "kl_controller" in state:
+            self.kl_controller.load_state_dict(state["kl_controller"])
+            self.moments.load_state_dict(state["reward_moments"])
 
     # ---- generate and score ---------------------------------------------------------------------
     def next_prompts(self, count: int) -> list[int]:
@@ -308,15 +173,18 @@ class RLTrainer(Trainer):
         return out
 
     def sampling_params(self, round_index: int) -> SamplingParams:
-        r = self.config.rollout
         seed = self.config.train.seed * 1_000_003 + self.step * 101 + round_index
-        return SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)
+        return self.config.rollout.params(self.config.rollout.group_size, seed)
 
-    def score(self, indices: list[int], rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+    def columns(self, indices: list[int], rollout: Rollout) -> tuple[list[str], dict[str, list]]:
+        """Each sample's prompt and its record's other columns (``answer``, ...), for the reward functions."""
         records = [self.records[indices[i]] for i in rollout.prompt_index]
         prompts = [self.prompts[indices[i]] for i in rollout.prompt_index]
-        columns = {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
+        return prompts, {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
+
+    def score(self, indices: list[int], rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """The reward functions' weighted sum per sample (NaN: none), plus DAPO's overlong term when on."""
+        prompts, columns = self.columns(indices, rollout)
         result = self.rewards.score(prompts, rollout.texts, columns)
         rewards = result.total.clone()
         if self.config.overlong is not None:
@@ -326,7 +194,7 @@ class RLTrainer(Trainer):
                                                  penalty=self.config.overlong.penalty)
         return rewards, result.metrics()
 
-    def collect(self) -> tuple[list[int], Rollout, torch.Tensor, dict[str, float]]:
+    def collect(self) -> RLBatch:
         """One step's rollouts; with dynamic sampling, groups whose rewards are all equal are
         dropped and more prompts are sampled until the batch is full (or ``max_rounds``)."""
         cfg = self.config
@@ -358,19 +226,86 @@ class RLTrainer(Trainer):
                 break
         if dynamic:
             metrics["dynamic_sampling/dropped_groups"] = dropped
-        return kept_idx, Rollout.concat(kept), torch.cat(kept_rewards), metrics
+        return RLBatch(kept_idx, Rollout.concat(kept), torch.cat(kept_rewards), metrics)
 
-    def remax_baseline(self, indices: list[int], rollout: Rollout) -> torch.Tensor:
-        """ReMax: the reward of one greedy completion per prompt, repeated over its group."""
+    def greedy_baseline(self, batch: RLBatch) -> torch.Tensor:
+        """ReMax's baseline: the reward of one greedy completion per prompt, repeated over its group."""
         with full_parameters(self.model):
-            greedy = self.engine.generate([self.prompt_ids[i] for i in indices],
+            greedy = self.engine.generate([self.prompt_ids[i] for i in batch.prompt_indices],
                                           SamplingParams(greedy=True, max_new_tokens=self.config.rollout.max_new_tokens))
-        baseline, _ = self.score(indices, greedy)
+        baseline, _ = self.score(batch.prompt_indices, greedy)
         return baseline.nan_to_num(0.0).repeat_interleave(self.config.rollout.group_size).to(self.device)
 
-    # ---- log-probs -------------------------------------------------------------------------------
-    def logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *,
-                 with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # ---- the step's tensors ---------------------------------------------------------------------
+    def prepare(self, batch: RLBatch) -> None:
+        """Masks, flags and rewards on the model's device: unscored samples are masked out and take their
+        group's mean reward (0 for a group of one); scores are normalised, clipped and the no-EOS penalty
+        subtracted as configured, over the whole job's batch."""
+        cfg = self.config
+        padded = batch.rollout.to_padded(self.tokenizer.pad_token_id, self.device)
+        mask = padded["completion_mask"].float()
+        batch.sampler_logprobs = padded["logprobs"]
+        batch.truncated = torch.tensor([r == "length" for r in batch.rollout.finish_reasons], device=self.device)
+        scores = batch.scores.to(self.device)
+        batch.scores = scores
+        batch.valid = ~torch.isnan(scores)
+        if cfg.rollout.mask_truncated:
+            mask = mask * (~batch.truncated).float()[:, None]
+        batch.mask = mask * batch.valid.float()[:, None]
+        size = cfg.rollout.group_size
+        filled = torch.where(batch.valid, scores, scores.view(-1, size).nanmean(1).nan_to_num(0.0).repeat_interleave(size))
+        batch.rewards = self._global(filled, lambda whole, flags: shape_scores(
+            whole, flags, norm=cfg.reward_norm, clip=cfg.reward_clip, missing_eos_penalty=cfg.missing_eos_penalty,
+            moments=self.moments), batch.truncated)
+
+    def _global(self, values: torch.Tensor, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                flags: torch.Tensor) -> torch.Tensor:
+        """``fn`` over every rank's rows (gathered), this rank's rows back; ``fn(values, flags)`` in one process."""
+        if self.dist.world_size == 1:
+            return fn(values, flags)
+        parts = all_gather_rows(values)
+        start = sum(p.shape[0] for p in parts[: self.dist.rank])
+        whole = fn(torch.cat(parts), torch.cat(all_gather_rows(flags)))
+        return whole[start:start + values.shape[0]]
+
+    @torch.no_grad()
+    def frozen_passes(self, batch: RLBatch) -> None:
+        """The forward passes the step's terms need, without gradients: the behaviour policy's log-probs when a
+        rollout is used more than once (or the KL enters the reward), the reference's when a KL term is kept,
+        the critic's values when there is one."""
+        cfg = self.config
+        keeps_reference = self.ref_model is not None or (self.needs_reference() and hasattr(self.policy, "disable_adapter"))
+        reuse = cfg.num_iterations > 1 or cfg.mini_batches > 1
+        if keeps_reference:
+            batch.ref_logprobs = self.frozen_logprobs(batch.rollout, reference=True)
+        if reuse or (keeps_reference and cfg.kl.in_reward):
+            behaviour = self.frozen_logprobs(batch.rollout, reference=False)
+            batch.old_logprobs = behaviour if reuse else None
+            if batch.ref_logprobs is not None:
+                batch.kl = torch.where(batch.mask != 0, kl_penalty(behaviour, batch.ref_logprobs, cfg.kl.estimator), 0.0)
+        if cfg.critic is not None:
+            batch.values = self.frozen_values(batch.rollout)
+        if batch.kl is not None and cfg.kl.in_reward:
+            batch.token_rewards = -self.kl_controller.value * batch.kl
+
+    def advantages(self, batch: RLBatch) -> AdvantageOutputs:
+        """The configured estimator over every rank's rollouts (global batch statistics), this rank's rows
+        back; the inputs its registry entry declares are prepared first. A subclass may add terms that
+        need the rollout (the agent trainer's GiGPO step-level advantages)."""
+        cfg = self.config
+        needs = ADVANTAGE_ESTIMATORS.needs(cfg.advantage)
+        inputs = AdvantageInputs(
+            rewards=batch.rewards, mask=batch.mask, group_size=cfg.rollout.group_size, token_rewards=batch.token_rewards,
+            baseline_rewards=self.greedy_baseline(batch) if "baseline_rewards" in needs else None,
+            values=batch.values if "values" in needs else None, running_baseline=self.running_baseline)
+        return global_advantages(cfg.advantage, inputs, **cfg.advantage_hparams())
+
+    # ---- log-probs and values ---------------------------------------------------------------------
+    def policy_logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *,
+                        with_entropy: bool = False, entropy_grad: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the given samples' completion tokens under ``model``, padded to the
+        rollout's longest completion."""
         ids = rows.tolist()
         width = max(len(c) for c in rollout.completion_ids)
         logps, entropy = completion_logprobs(
@@ -395,11 +330,23 @@ class RLTrainer(Trainer):
                 model = self.ref_model
             else:
                 context = self.model.disable_adapter()
-        chunks = []
         with context:
-            for rows in self.micro_batches(torch.arange(len(rollout))):
-                chunks.append(self.logprobs(model, rollout, rows)[0])
-        return torch.cat(chunks)
+            return torch.cat([self.policy_logprobs(model, rollout, rows)[0]
+                              for rows in self.micro_batches(torch.arange(len(rollout)))])
+
+    def values(self, rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
+        """V(s_t) of the given samples' completion tokens, shape (len(rows), longest completion of the rollout)."""
+        ids = rows.tolist()
+        width = max(len(c) for c in rollout.completion_ids)
+        values = completion_values(self.model, [rollout.prompt_ids[i] for i in ids],
+                                   [rollout.completion_ids[i] for i in ids], row_tokens=self.config.row_tokens,
+                                   pad_token_id=self.tokenizer.pad_token_id)
+        return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+    @torch.no_grad()
+    def frozen_values(self, rollout: Rollout) -> torch.Tensor:
+        self.model.eval()
+        return torch.cat([self.values(rollout, rows) for rows in self.micro_batches(torch.arange(len(rollout)))])
 
     def micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
         size = self.config.micro_batch_size or len(rows)
@@ -410,60 +357,63 @@ class RLTrainer(Trainer):
         cfg = self.config
         start = time.perf_counter()
         with full_parameters(self.model):  # FSDP2: whole weights while this rank decodes its share
-            indices, rollout, rewards, metrics = self.collect()
+            batch = self.collect()
         gen_time = time.perf_counter() - start
-        mask, truncated, rewards = self.rollout_tensors(rollout, rewards)
-        valid = ~torch.isnan(rewards)
-        if cfg.rollout.mask_truncated:
-            mask = mask * (~truncated).float()[:, None]
-        mask = mask * valid.float()[:, None]
-        rewards = torch.where(valid, rewards, rewards.view(-1, cfg.rollout.group_size).nanmean(1)
-                              .nan_to_num(0.0).repeat_interleave(cfg.rollout.group_size))
-
-        reuse = cfg.num_iterations > 1 or cfg.mini_batches > 1
-        old = self.frozen_logprobs(rollout, reference=False) if reuse else None
-        ref = self.frozen_logprobs(rollout, reference=True) if cfg.kl.coef > 0 else None
-        token_rewards = None
-        if ref is not None and cfg.kl.in_reward:
-            behaviour = old if old is not None else self.frozen_logprobs(rollout, reference=False)
-            token_rewards = -cfg.kl.coef * kl_penalty(behaviour, ref, cfg.kl.estimator) * mask
-        baseline = self.remax_baseline(indices, rollout) if cfg.advantage == "remax" else None
-        adv = self.advantages(
-            rollout,
-            AdvantageInputs(rewards=rewards, mask=mask, group_size=cfg.rollout.group_size,
-                            token_rewards=token_rewards, baseline_rewards=baseline,
-                            running_baseline=self.running_baseline))
+        self.prepare(batch)
+        self.frozen_passes(batch)
+        adv = self.advantages(batch)
+        batch.advantages, batch.returns = adv.advantages, adv.returns
         if "running_baseline" in adv.state:
             self.running_baseline = adv.state["running_baseline"]
-
-        update_metrics = self.minibatch_updates(
-            mask, cfg.num_iterations, lambda rows, d: self.loss(rollout, rows, mask, adv.advantages, old, ref, d))
-
-        elapsed = time.perf_counter() - start
-        lengths = mask.new_tensor([len(c) for c in rollout.completion_ids])
+        update_metrics = self.minibatch_updates(batch.mask, cfg.num_iterations,
+                                                lambda rows, d: self.loss(batch, rows, d))
+        metrics = dict(batch.metrics)
         metrics.update({f"advantage/{k}": v for k, v in adv.metrics.items()})
         metrics.update(update_metrics)
-        metrics.update({
-            "reward/mean": rewards[valid].mean() if valid.any() else float("nan"),
-            "reward/std": rewards[valid].std() if valid.sum() > 1 else 0.0,
-            "completion/length_mean": lengths.mean(), "completion/length_max": lengths.max(),
-            "completion/truncated_frac": truncated.float().mean(),
-            "time/generation": gen_time, "completions_per_s": len(rollout) / elapsed,
-        })
+        metrics.update(self.rollout_metrics(batch))
+        if batch.token_rewards is not None:
+            metrics.update(self.adapt_kl(batch))
+        metrics.update({"time/generation": gen_time, "completions_per_s": len(batch) / (time.perf_counter() - start)})
         if self.step % cfg.sample_every == 0:
-            self.logger.write_samples(self.step, [
-                {"prompt": self.records[indices[rollout.prompt_index[i]]]["prompt"],
-                 "completion": rollout.texts[i], "reward": float(rewards[i])} for i in range(min(8, len(rollout)))])
+            self.logger.write_samples(self.step, self.samples(batch))
         return metrics
 
-    def rollout_tensors(self, rollout: Rollout, rewards: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The completion mask (N, C) as floats, the truncation flags (N,) and ``rewards`` (N,), on the
-        model's device, beside the log-probs they are combined with."""
-        device = self.device
-        mask = rollout.to_padded(self.tokenizer.pad_token_id, device)["completion_mask"].float()
-        truncated = torch.tensor([r == "length" for r in rollout.finish_reasons], device=device)
-        return mask, truncated, rewards.to(device)
+    def adapt_kl(self, batch: RLBatch) -> dict[str, float]:
+        """The KL in the reward per completion over the whole job's batch, and the coefficient it was charged
+        at; the controller then moves the coefficient (an adaptive one toward its target)."""
+        total, count = all_reduce_sum(batch.kl.sum(1)[batch.valid].sum()), all_reduce_sum(batch.valid.sum())
+        sequence_kl = float(total / count) if count > 0 else 0.0
+        figures = {"kl/sequence": sequence_kl, "kl_coef": self.kl_controller.value}
+        self.kl_controller.update(sequence_kl, int(count))
+        return figures
+
+    def rollout_metrics(self, batch: RLBatch) -> dict[str, Any]:
+        """What the rollout looked like: rewards (and the gold reward beside the proxy), lengths, the critic's
+        returns."""
+        present = batch.scores[batch.valid]
+        lengths = batch.mask.new_tensor([len(c) for c in batch.rollout.completion_ids])
+        out: dict[str, Any] = {
+            "reward/mean": present.mean() if present.numel() else float("nan"),
+            "reward/std": present.std() if present.numel() > 1 else 0.0,
+            "completion/length_mean": lengths.mean(), "completion/length_max": lengths.max(),
+            "completion/truncated_frac": batch.truncated.float().mean(),
+        }
+        if self.gold is not None:
+            prompts, columns = self.columns(batch.prompt_indices, batch.rollout)
+            batch.gold = self.gold.score(prompts, batch.rollout.texts, columns).total
+            out.update({"reward/proxy": out["reward/mean"],
+                        "reward/proxy_std": present.std(correction=0) if present.numel() else float("nan"),
+                        "reward/gold": batch.gold.nanmean()})
+        if batch.returns is not None:
+            out["returns/mean"] = masked_mean(batch.returns, batch.mask)
+        return out
+
+    def samples(self, batch: RLBatch) -> list[dict[str, Any]]:
+        """A few of the step's completions with their rewards, for ``samples.jsonl``."""
+        gold = batch.gold
+        return [{"prompt": self.records[batch.prompt_indices[batch.rollout.prompt_index[i]]]["prompt"],
+                 "completion": batch.rollout.texts[i], "reward": float(batch.scores[i]),
+                 **({"gold": float(gold[i])} if gold is not None else {})} for i in range(min(8, len(batch)))]
 
     def minibatch_updates(self, mask: torch.Tensor, passes: int,
                           loss: Callable[[torch.Tensor, dict[str, float]], tuple[torch.Tensor, dict]]
@@ -478,38 +428,40 @@ class RLTrainer(Trainer):
                 denominators = {"global_tokens": self.global_count(num_tokens(mask[minibatch])),
                                 "global_seqs": self.global_count(num_seqs(mask[minibatch]))}
                 out = self.optimizer_step(self.micro_batches(minibatch), lambda rows, d=denominators: loss(rows, d))
+        if self.config.critic is not None:
+            out["lr/critic"] = self.scheduler.get_last_lr()[-1]
         return out
 
-    def advantages(self, rollout: Rollout, inputs: AdvantageInputs) -> AdvantageOutputs:
-        """The configured estimator; a subclass may add terms that need the rollout (the agent
-        trainer's GiGPO step-level advantages)."""
-        # under torchrun: on every rank's rollouts gathered (global batch statistics), this rank's rows back
-        return global_advantages(self.config.advantage, inputs, **self.config.advantage_kwargs)
-
-    def loss(self, rollout: Rollout, rows: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
-             old: torch.Tensor | None, ref: torch.Tensor | None, denominators: dict[str, float]
+    def loss(self, batch: RLBatch, rows: torch.Tensor, denominators: dict[str, float]
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The policy loss (registry), plus beta * KL when the KL is in the loss, plus ``critic.coef`` x the
+        clipped value loss with a critic, minus ``entropy_coef`` x the entropy; every term through
+        ``agg_loss`` with the minibatch's global counts."""
         cfg = self.config
-        logps, entropy = self.logprobs(self.model, rollout, rows, with_entropy=True,
-                                       entropy_grad=bool(cfg.entropy_coef))
-        m = mask[rows]
+        logps, entropy = self.policy_logprobs(self.model, batch.rollout, rows, with_entropy=True,
+                                              entropy_grad=bool(cfg.entropy_coef))
+        m = batch.mask[rows]
         agg = {"global_tokens": denominators["global_tokens"], "global_seqs": denominators["global_seqs"],
                "norm_constant": cfg.rollout.max_new_tokens}
-        old_rows = old[rows] if old is not None else logps.detach()
-        loss, metrics = POLICY_LOSSES.get(cfg.policy_loss)(
-            logps, old_rows, advantages[rows], m, clip_low=cfg.clip.low, clip_high=cfg.clip.high,
+        old = batch.old_logprobs[rows] if batch.old_logprobs is not None else logps.detach()
+        loss, pg_metrics = POLICY_LOSSES.get(cfg.policy_loss)(
+            logps, old, batch.advantages[rows], m, clip_low=cfg.clip.low, clip_high=cfg.clip.high,
             dual_clip=cfg.clip.dual, loss_agg=cfg.loss_agg, **agg)
-        metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        metrics = {f"policy/{k}": v for k, v in pg_metrics.items()}
         metrics["policy/loss"] = loss.detach()
-        if ref is not None:
-            kl = kl_penalty(logps, ref[rows], cfg.kl.estimator)
-            kl_term = agg_loss(kl, m, cfg.loss_agg, **agg)
+        if batch.ref_logprobs is not None:
+            kl = kl_penalty(logps, batch.ref_logprobs[rows], cfg.kl.estimator)
             metrics["kl"] = (kl.detach() * m).sum() / m.sum().clamp(min=1)
             if not cfg.kl.in_reward:
-                loss = loss + cfg.kl.coef * kl_term
+                loss = loss + cfg.kl.coef * agg_loss(kl, m, cfg.loss_agg, **agg)
+        if cfg.critic is not None:
+            vf_loss, vf = value_loss_clipped(self.values(batch.rollout, rows), batch.values[rows], batch.returns[rows],
+                                             m, clip_range=cfg.critic.clip_range, loss_agg=cfg.loss_agg, **agg)
+            loss = loss + cfg.critic.coef * vf_loss
+            metrics.update({"value/loss": vf_loss.detach(), "value/clip_frac": vf["value_clip_frac"],
+                            "value/explained_variance": vf["explained_variance"], "value/mean": vf["value_mean"]})
         if entropy is not None:
-            ent_term = agg_loss(entropy, m, cfg.loss_agg, **agg)
             metrics["entropy"] = (entropy.detach() * m).sum() / m.sum().clamp(min=1)
             if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * ent_term
+                loss = loss - cfg.entropy_coef * agg_loss(entropy, m, cfg.loss_agg, **agg)
         return loss, metrics

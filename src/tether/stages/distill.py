@@ -35,181 +35,35 @@ Stage types (each a thin wrapper over a public function):
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, field_validator, model_validator
 
-from tether.config import DataConfig, EvalConfig, StageConfig, StrictModel, TaskSource, known_name
-from tether.filtering import (
-    FilterConfig,
-    ScorerConfig,
-    build_scorer,
-    filter_corpus,
-    preference_pairs,
-    sft_records,
+from tether.best_of_n import run_best_of_n
+from tether.config.data import DataConfig
+from tether.config.distill import (
+    BestOfNConfig,
+    EngineConfig,
+    FilterStageConfig,
+    GenerateConfig,
+    SelfDistillConfig,
 )
-from tether.generation import (
-    generate_corpus,
-    make_engine,
-    read_corpus,
-    read_prompt_records,
-    task_prompt_records,
-    write_records,
-)
+from tether.config.rewards import ScorerConfig
+from tether.config.sft import SFTConfig
+from tether.data.files import write_json_atomic
+from tether.data.sources import prompt_records
+from tether.filtering import filter_corpus, preference_pairs, sft_records
+from tether.generation import generate_corpus, make_engine, read_corpus, write_records
 from tether.models.loading import resolve_model
-from tether.pipeline import deep_merge, register_stage
-from tether.rollout import SamplingParams
+from tether.scoring import build_scorer
+from tether.stages.api import train_sft
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
-
-
-# ---- configs -----------------------------------------------------------------------------------------
-class PromptSource(StrictModel):
-    """Prompts to sample from: a file (``prompt`` + other columns, e.g. ``answer``) or a task split."""
-
-    path: str | None = None
-    task: TaskSource | None = None
-    split: Literal["train", "eval"] = "train"
-    prompt_template: str = "{prompt}"
-    chat: bool = False
-
-    @model_validator(mode="after")
-    def _one_source(self) -> PromptSource:
-        if (self.path is None) == (self.task is None):
-            raise ValueError("prompts need exactly one of 'path' or 'task'")
-        if "{prompt}" not in self.prompt_template:
-            raise ValueError("prompts.prompt_template must contain '{prompt}'")
-        return self
-
-    def records(self) -> list[dict]:
-        if self.path is not None:
-            return read_prompt_records(self.path)
-        return task_prompt_records(self.task.name, self.task.n, options=self.task.options, seed=self.task.seed,
-                                   split=self.split)
-
-
-class SamplingConfig(StrictModel):
-    n: int = Field(4, ge=1, description="samples per prompt")
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(64, ge=1)
-    seed: int | None = 0
-    batch_size: int = Field(256, ge=1, description="samples per engine call (and per flush to disk)")
-
-    def params(self, seed_offset: int = 0) -> SamplingParams:
-        seed = None if self.seed is None else self.seed + seed_offset
-        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens, seed=seed)
-
-
-class EngineConfig(StrictModel):
-    """``local``: the stage's model in-process; ``openai``: an OpenAI-compatible endpoint at ``base_url``
-    serving ``served_model``, with ``model.name_or_path`` naming the local tokenizer."""
-
-    kind: Literal["local", "openai"] = "local"
-    base_url: str | None = None
-    served_model: str | None = Field(None, description="model id at the endpoint (default: model.name_or_path)")
-    api_key_env: str | None = None
-    timeout: float = Field(60.0, gt=0)
-    max_retries: int = Field(4, ge=0)
-    concurrency: int = Field(8, ge=1)
-    cache_dir: str | None = None
-
-
-class GenerateConfig(StageConfig):
-    type: Literal["generate"] = "generate"
-    prompts: PromptSource = Field(default_factory=lambda: PromptSource(task=TaskSource()))
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    output: Literal["jsonl", "parquet"] = "jsonl"
-    verifier: ScorerConfig | None = Field(None, description="reports the share of samples it scores >= 1")
-
-
-class PairsConfig(StrictModel):
-    """Chosen / rejected pairs among each prompt's samples (``tether.rewards.pairing`` rules)."""
-
-    scorer: ScorerConfig = Field(default_factory=ScorerConfig)
-    rule: str = "all_pairs"
-    max_per_prompt: int = Field(4, ge=1)
-    margin: float = 0.0
-    threshold: float | None = None
-
-    @field_validator("rule")
-    @classmethod
-    def _known_rule(cls, value: str) -> str:
-        from tether.rewards.pairing import PAIR_RULES
-
-        return known_name(PAIR_RULES, value)
-
-
-class FilterStageConfig(StageConfig):
-    type: Literal["filter"] = "filter"
-    input: str = Field(description="the corpus to filter, e.g. '@generate/corpus.jsonl'")
-    filter: FilterConfig = Field(default_factory=FilterConfig)
-    chat: bool = Field(False, description="write chat records (user prompt, assistant completion)")
-    pairs: PairsConfig | None = None
-
-
-class CorpusDataConfig(StrictModel):
-    """How each round's corpus is tokenised for SFT (see ``DataConfig``)."""
-
-    max_length: int = Field(512, ge=8)
-    overflow: Literal["truncate", "drop"] = "truncate"
-    packing: bool = True
-    pack_length: int = Field(512, ge=8)
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "star": {"restart": "base", "step_growth": 1.2},
-    "rest": {"restart": "previous", "step_growth": 1.0},
-    "raft": {"restart": "previous", "step_growth": 1.0, "filter": {"max_per_prompt": 1}},
-}
-
-
-class SelfDistillConfig(StageConfig):
-    """Rounds of generate -> filter -> SFT with the model as its own teacher; ``train`` / ``optim`` are
-    each round's SFT, ``eval`` runs after every round."""
-
-    type: Literal["self_distill"] = "self_distill"
-    algorithm: Literal["star", "rest", "raft"] = "rest"
-    iterations: int = Field(2, ge=1)
-    prompts: PromptSource = Field(default_factory=lambda: PromptSource(task=TaskSource()))
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    filter: FilterConfig = Field(default_factory=FilterConfig)
-    restart: Literal["base", "previous"] = "previous"
-    step_growth: float = Field(1.0, gt=0, description="train.max_steps is multiplied by this every round")
-    data: CorpusDataConfig = Field(default_factory=CorpusDataConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict):  # the verifier filter is on unless set to null explicitly
-            defaults = deep_merge({"filter": {"verifier": {}}}, PRESETS.get(data.get("algorithm") or "rest", {}))
-            return deep_merge(defaults, data)
-        return data
-
-
-class BestOfNConfig(StageConfig):
-    """Best-of-n accuracy on ``eval.n`` held-out problems, sampled at ``eval.temperature``."""
-
-    type: Literal["best_of_n"] = "best_of_n"
-    ns: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
-    scorers: dict[str, ScorerConfig] = Field(default_factory=lambda: {"verifier": ScorerConfig()})
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-
-    @model_validator(mode="after")
-    def _positive(self) -> BestOfNConfig:
-        if not self.ns or min(self.ns) < 1:
-            raise ValueError("ns must be a non-empty list of positive sample counts")
-        return self
 
 
 # ---- generate ----------------------------------------------------------------------------------------
@@ -217,7 +71,7 @@ def _engine(cfg: GenerateConfig | SelfDistillConfig, model: Any, tokenizer: Any)
     engine = getattr(cfg, "engine", EngineConfig())
     if engine.kind == "local":
         model, tokenizer = resolve_model(model, tokenizer, cfg.model)
-        return make_engine("local", model, tokenizer=tokenizer, batch_size=cfg.sampling.batch_size)
+        return make_engine("local", model, tokenizer=tokenizer, batch_size=cfg.sampling.engine_batch_size)
     return make_engine("openai", engine.served_model or cfg.model.name_or_path,
                        tokenizer=tokenizer or cfg.model.name_or_path, base_url=engine.base_url,
                        api_key_env=engine.api_key_env, timeout=engine.timeout, max_retries=engine.max_retries,
@@ -237,11 +91,11 @@ def generate(config: GenerateConfig | dict, *, out: str | Path, model: Any = Non
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     engine, tokenizer = _engine(cfg, model, tokenizer)
-    records = cfg.prompts.records() if prompts is None else prompts
+    records = prompt_records(cfg.prompts) if prompts is None else prompts
     meta = {"model": str(model if isinstance(model, str | Path) else cfg.model.name_or_path)}
-    stats = generate_corpus(engine, tokenizer, records, out, cfg.sampling.params(sampling_seed_offset),
+    stats = generate_corpus(engine, tokenizer, records, out, cfg.sampling.corpus_params(sampling_seed_offset),
                             chat=cfg.prompts.chat, prompt_template=cfg.prompts.prompt_template,
-                            batch_size=cfg.sampling.batch_size, resume=resume, meta=meta,
+                            batch_size=cfg.sampling.engine_batch_size, resume=resume, meta=meta,
                             progress=cfg.train.progress)
     verifier = verifier or getattr(cfg, "verifier", None)
     if verifier is not None:
@@ -250,7 +104,6 @@ def generate(config: GenerateConfig | dict, *, out: str | Path, model: Any = Non
     return stats
 
 
-@register_stage("generate", GenerateConfig, "sample K completions per prompt into a corpus (resumable)")
 def run_generate(cfg: GenerateConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     stage_dir = run_dir / cfg.name
     results = generate(cfg, out=stage_dir / f"corpus.{cfg.output}", resume=resume)
@@ -273,11 +126,10 @@ def filter_file(cfg: FilterStageConfig | dict, out_dir: str | Path) -> dict[str,
                                  threshold=cfg.pairs.threshold)
         write_records(out_dir / "pairs.jsonl", pairs)
         summary["pairs"] = len(pairs)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json_atomic(out_dir / "summary.json", summary)
     return summary
 
 
-@register_stage("filter", FilterStageConfig, "keep the samples of a corpus worth learning from (verifier, RM, ...)")
 def run_filter(cfg: FilterStageConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     stage_dir = run_dir / cfg.name
     results = filter_file(cfg, stage_dir)
@@ -287,9 +139,7 @@ def run_filter(cfg: FilterStageConfig, run_dir: Path, resume: bool) -> dict[str,
 
 
 # ---- self-distillation -------------------------------------------------------------------------------
-def _round_sft_config(cfg: SelfDistillConfig, round_: int, start_model: str, corpus: Path) -> Any:
-    from tether.trainers.sft import SFTConfig
-
+def _round_sft_config(cfg: SelfDistillConfig, round_: int, start_model: str, corpus: Path) -> SFTConfig:
     steps = max(1, round(cfg.train.max_steps * cfg.step_growth ** (round_ - 1)))
     return SFTConfig(name=f"{cfg.name}/iter-{round_}", type="sft",
                      model=cfg.model.model_copy(update={"name_or_path": start_model}),
@@ -300,8 +150,6 @@ def _round_sft_config(cfg: SelfDistillConfig, round_: int, start_model: str, cor
 def _distill_round(cfg: SelfDistillConfig, run_dir: Path, round_: int, teacher: str, resume: bool
                    ) -> dict[str, float]:
     """One round: the model at ``teacher`` samples, the filter keeps, SFT trains ``STAGE/iter-N``."""
-    from tether.stages import train_sft
-
     round_dir = run_dir / cfg.name / f"iter-{round_}"
     done = ckpt.read_done(round_dir)
     if done is not None:
@@ -347,7 +195,6 @@ def self_distill(config: SelfDistillConfig | dict, *, out: str | Path, resume: b
     return results
 
 
-@register_stage("self_distill", SelfDistillConfig, "STaR / ReST / RAFT: rounds of generate -> filter -> SFT")
 def run_self_distill(cfg: SelfDistillConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     results = self_distill(cfg, out=run_dir, resume=resume)
     ckpt.mark_done(run_dir / cfg.name, {"stage": cfg.name, "type": cfg.type, "results": results})
@@ -355,10 +202,7 @@ def run_self_distill(cfg: SelfDistillConfig, run_dir: Path, resume: bool) -> dic
 
 
 # ---- best-of-n ---------------------------------------------------------------------------------------
-@register_stage("best_of_n", BestOfNConfig, "held-out best-of-n accuracy against n, per scorer, with a plot")
-def run_best_of_n(cfg: BestOfNConfig, run_dir: Path, resume: bool) -> dict[str, float]:
-    from tether.best_of_n import run_best_of_n
-
+def run_best_of_n_stage(cfg: BestOfNConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     stage_dir = run_dir / cfg.name

@@ -21,25 +21,23 @@ end in few steps on a CPU. Their x axis is sqrt(KL); ours is KL.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from tether.config import StageConfig, StrictModel
+from tether.config.rlhf import GoldDataConfig, OverOptimizationConfig
 from tether.data import tokenize_prompts
+from tether.data.files import write_jsonl_atomic
 from tether.models.loading import resolve_model
-from tether.pipeline import register_stage
-from tether.rewards import RewardComposer, RewardSpec
 from tether.rollout import HFEngine, SamplingParams
+from tether.scoring import reward_composer
+from tether.stages.api import train_ppo
 from tether.tasks import eval_records, get_task
 from tether.tasks.gold import gold_comparisons, noisy_demonstrations
 from tether.trainers import checkpoint as ckpt
-from tether.trainers.ppo import PPOConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +45,6 @@ PLOT_FILE = "overoptimization.png"
 
 
 # ---- gold-labelled data --------------------------------------------------------------------------------
-class GoldTask(StrictModel):
-    name: str = "arithmetic"
-    options: dict[str, Any] = Field(default_factory=lambda: {"digits": 2, "operators": "+"})
-
-
-class GoldDataConfig(StageConfig):
-    """Demonstrations and comparisons labelled by the gold reward (``tether.tasks.gold``)."""
-
-    type: Literal["gold_data"] = "gold_data"
-    task: GoldTask = Field(default_factory=GoldTask)
-    sft_n: int = Field(4000, ge=0, description="demonstrations (train split)")
-    noise: float = Field(0.0, ge=0, le=1, description="share of demonstrations with a labeller's slip")
-    noise_error: Literal["answer", "dropped_carry"] = Field("dropped_carry", description="the slip")
-    pairs_n: int = Field(6000, ge=1, description="comparisons (train split)")
-    eval_pairs_n: int = Field(200, ge=0, description="held-out comparisons (eval split)")
-    errors: dict[Literal["answer", "dropped_carry", "spurious_carry"], float] = Field(
-        default_factory=lambda: {"answer": 1.0, "dropped_carry": 1.0},
-        description="weights of the error kinds in the rejected completions")
-    seed: int = 0
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
-
-
 def gold_data(cfg: GoldDataConfig, out_dir: str | Path) -> dict[str, float]:
     """Write ``sft.jsonl``, ``pairs.jsonl`` and ``pairs_eval.jsonl`` into ``out_dir``; returns their counts."""
     out_dir = Path(out_dir)
@@ -85,12 +56,11 @@ def gold_data(cfg: GoldDataConfig, out_dir: str | Path) -> dict[str, float]:
     held = gold_comparisons(task, cfg.eval_pairs_n, errors=cfg.errors, seed=cfg.seed, split="eval") \
         if cfg.eval_pairs_n else []
     for name, records in (("sft.jsonl", demos), ("pairs.jsonl", pairs), ("pairs_eval.jsonl", held)):
-        write_jsonl(out_dir / name, records)
+        write_jsonl_atomic(out_dir / name, records)
     return {"demonstrations": len(demos), "pairs": len(pairs), "eval_pairs": len(held),
             "pairs_dropped_carry": sum(p["error"] == "dropped_carry" for p in pairs) / max(len(pairs), 1)}
 
 
-@register_stage("gold_data", GoldDataConfig, "demonstrations and comparisons labelled by a hidden gold reward")
 def run_gold_data(cfg: GoldDataConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     stage_dir = run_dir / (cfg.name or cfg.type)
     results = gold_data(cfg, stage_dir)
@@ -99,39 +69,6 @@ def run_gold_data(cfg: GoldDataConfig, run_dir: Path, resume: bool) -> dict[str,
 
 
 # ---- the over-optimisation sweep -----------------------------------------------------------------------
-
-
-class OverOptimizationConfig(PPOConfig):
-    """A PPO stage run once per KL coefficient in ``betas`` (everything else shared), and best-of-n."""
-
-    type: Literal["overoptimization"] = "overoptimization"
-    betas: list[float] = Field(default_factory=lambda: [0.3, 0.1, 0.03, 0.0], min_length=1)
-    best_of_n: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32],
-                                 description="n values of the best-of-n curve from the starting model ([] = off)")
-
-    @model_validator(mode="after")
-    def _measurable(self) -> OverOptimizationConfig:
-        if self.eval is None or self.gold is None:
-            raise ValueError("an over-optimisation sweep needs 'eval' (held-out prompts) and 'gold' (the true reward)")
-        if any(b < 0 for b in self.betas) or any(n < 1 for n in self.best_of_n):
-            raise ValueError(f"betas must be >= 0 and best_of_n >= 1, got {self.betas}, {self.best_of_n}")
-        return self
-
-
-def run_name(cfg: OverOptimizationConfig, beta: float) -> str:
-    return f"{cfg.name or cfg.type}-beta{beta:g}"
-
-
-def ppo_config(cfg: OverOptimizationConfig, beta: float, *, first: bool) -> PPOConfig:
-    """The PPO stage of one beta; the first run also evaluates the starting (SFT) policy."""
-    data = cfg.model_dump(exclude={"betas", "best_of_n", "type", "name"})
-    data["kl"].update(coef=beta, controller="fixed")
-    data["eval"]["before"] = first
-    return PPOConfig.model_validate({**data, "type": "ppo", "name": run_name(cfg, beta)})
-
-
-def _composer(specs: list[Any]) -> RewardComposer:
-    return RewardComposer([RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in specs])
 
 
 @torch.no_grad()
@@ -154,8 +91,10 @@ def best_of_n(cfg: OverOptimizationConfig) -> dict[str, float]:
                        top_k=cfg.rollout.top_k, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed))
     prompt_of = [prompts[i] for i in rollout.prompt_index]
     columns = {k: [records[i].get(k) for i in rollout.prompt_index] for k in records[0] if k != "prompt"}
-    proxy = _composer(cfg.rewards).score(prompt_of, rollout.texts, columns).total.nan_to_num(float("-inf"))
-    gold = _composer([cfg.gold]).score(prompt_of, rollout.texts, columns).total
+    defaults = cfg.reward_defaults()
+    proxy = reward_composer(cfg.rewards, defaults=defaults).score(prompt_of, rollout.texts, columns).total
+    proxy = proxy.nan_to_num(float("-inf"))
+    gold = reward_composer([cfg.gold], defaults=defaults).score(prompt_of, rollout.texts, columns).total
     results = {}
     for n in sorted(set(cfg.best_of_n)):
         starts = torch.arange(len(records))[:, None] * size + torch.arange(size // n)[None, :] * n
@@ -169,13 +108,11 @@ def best_of_n(cfg: OverOptimizationConfig) -> dict[str, float]:
 
 def sweep(cfg: OverOptimizationConfig, run_dir: str | Path, *, resume: bool = True) -> dict[str, float]:
     """Best-of-n, then one PPO run per beta (a finished run is read back, not redone); writes the plot."""
-    from tether.stages import train_ppo
-
     run_dir = Path(run_dir)
     results: dict[str, float] = best_of_n(cfg) if cfg.best_of_n else {}
     for i, beta in enumerate(cfg.betas):
-        done = ckpt.read_done(run_dir / run_name(cfg, beta))
-        figures = done["results"] if done else train_ppo(ppo_config(cfg, beta, first=i == 0), out=run_dir,
+        done = ckpt.read_done(run_dir / cfg.run_name(beta))
+        figures = done["results"] if done else train_ppo(cfg.ppo_config(beta, first=i == 0), out=run_dir,
                                                          resume=resume)
         for key in ("gold", "proxy", "kl", "accuracy"):
             if key in figures:
@@ -230,8 +167,6 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
     return path
 
 
-@register_stage("overoptimization", OverOptimizationConfig,
-                "reward over-optimisation: PPO at several KL coefficients, gold and proxy reward against KL")
 def run_overoptimization(cfg: OverOptimizationConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
     results = sweep(cfg, run_dir, resume=resume)
     stage_dir = run_dir / (cfg.name or cfg.type)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tether.rewards.pairing import PAIR_RULES, make_pairs, pairwise_scores
+from tether.core.pairing import PAIR_RULES, make_pairs, pairwise_scores
 
 
 def test_best_vs_worst_takes_the_extremes_and_respects_the_margin():

@@ -19,9 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,41 +26,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tether.config import ConfigError, StageConfig, apply_override, load_yaml, parse_overrides
-from tether.core.registry import Registry
+from tether.config.base import ConfigError, apply_override, deep_merge, load_yaml, parse_overrides
+from tether.config.common import StageConfig
+from tether.data.files import write_json_atomic
+from tether.report import write_report
+from tether.stages.registry import STAGE_TYPES
 from tether.trainers import checkpoint as ckpt
+from tether.trainers.distributed import DistInfo, init_distributed
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageType:
-    config_class: type[StageConfig]
-    run: Callable[[StageConfig, Path, bool], dict[str, float]]
-    description: str = ""
-
-
-STAGE_TYPES: Registry = Registry("stage type")
-
-
-def register_stage(name: str, config_class: type[StageConfig], description: str = ""):
-    """Decorator registering ``run(config, run_dir, resume) -> results`` for a stage type."""
-
-    def decorator(fn: Callable[[StageConfig, Path, bool], dict[str, float]]):
-        STAGE_TYPES.register(name)(StageType(config_class, fn, description))
-        return fn
-
-    return decorator
-
-
-def deep_merge(base: dict, update: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 # ---- recipes ---------------------------------------------------------------------------------------
@@ -167,22 +138,12 @@ def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[S
     return configs
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
 def write_report_safely(run_dir: Path) -> Path | None:
     """``report.html`` for the run (rank 0 only). The report is a view of the run: a failure to draw
     it is logged as a warning and never fails the run or touches its results."""
-    from tether.trainers.distributed import DistInfo
-
     if not DistInfo.current().is_main:
         return None
     try:
-        from tether.report import write_report
-
         return write_report(run_dir)
     except Exception as err:
         log.warning("could not write the report for %s: %s: %s", run_dir, type(err).__name__, err)
@@ -193,9 +154,6 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
                report: bool = True) -> dict[str, dict]:
     """Run every stage in order; returns (and writes ``results.json``) figures keyed by stage.
     With ``report`` (the default) it then writes ``report.html`` (see ``tether.report``)."""
-    from tether import stages  # noqa: F401  (registers the stage types)
-    from tether.trainers.distributed import init_distributed
-
     run_dir = Path(run_dir)
     configs = validate_recipe(recipe, run_dir)
     main = init_distributed().is_main  # under torchrun every rank runs the stages, rank 0 writes the run's files

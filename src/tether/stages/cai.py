@@ -22,7 +22,7 @@ Scaling Reinforcement Learning from Human Feedback with AI Feedback". Stage type
   trainer's own settings.
 
 Direct RLAIF needs no stage: the ``judge`` reward (:mod:`tether.rewards.cai`) goes in a ``grpo`` or
-``ppo`` stage's reward list. SPIN is :mod:`tether.trainers.spin`.
+``ppo`` stage's reward list. SPIN is :class:`tether.trainers.online_preference.SPINTrainer`.
 """
 
 from __future__ import annotations
@@ -30,150 +30,44 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from tether.config import DataConfig, StageConfig, StrictModel
-from tether.data import tokenize_prompts
+from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
+from tether.config.data import DataConfig
+from tether.config.rewards import JudgeConfig
+from tether.config.sampling import SamplingConfig
+from tether.config.sft import SFTConfig
+from tether.data import load_records, tokenize_prompts
+from tether.data.files import write_json_atomic, write_jsonl_atomic
+from tether.data.sources import prompt_texts
 from tether.models.loading import resolve_model
-from tether.pipeline import deep_merge, register_stage
-from tether.rewards import RewardComposer, RewardSpec
 from tether.rewards.cai import critique_and_revise, judge_bias, preference_labels
 from tether.rewards.constitution import load_constitution
-from tether.rewards.judge import JudgeConfig, PairwiseJudge, as_backend, build_judge
-from tether.rollout import HFEngine, SamplingParams
+from tether.rewards.judge import PairwiseJudge, as_backend
+from tether.rollout import HFEngine
+from tether.scoring import build_judge, reward_composer
+from tether.stages.api import train_online_dpo, train_ppo, train_sft
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.metrics import MetricsLogger
-from tether.trainers.rl import RewardConfig, RLDataConfig, prompt_texts
 
 log = logging.getLogger(__name__)
 
 
-# ---- configs -----------------------------------------------------------------------------------------
-class ResponseSampling(StrictModel):
-    """How the policy answers: ``temperature: 0`` is greedy."""
-
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(64, ge=1)
-    stop: list[str] = Field(default_factory=list)
-    batch_size: int | None = Field(None, ge=1, description="engine batch size")
-
-    def params(self, n: int, seed: int) -> SamplingParams:
-        return SamplingParams(n=n, temperature=self.temperature, greedy=self.temperature == 0, top_p=self.top_p,
-                              max_new_tokens=self.max_new_tokens, stop=list(self.stop), seed=seed)
-
-
-class CorpusConfig(StrictModel):
-    """How the SL-CAI corpus is kept and tokenised for its SFT."""
-
-    keep: Literal["all", "revised"] = Field("all", description="all: every prompt's final response (the "
-                                            "helpfulness samples Bai et al. mix in); revised: only changed ones")
-    max_length: int = Field(512, ge=8)
-    overflow: Literal["truncate", "drop"] = "truncate"
-    packing: bool = True
-    pack_length: int = Field(512, ge=8)
-
-
-def _policy_judge() -> JudgeConfig:
-    return JudgeConfig(backend="policy")
-
-
-class SLCAIConfig(StageConfig):
-    """SL-CAI: answer -> (critique -> revise) x ``rounds`` -> SFT on the revisions."""
-
-    type: Literal["sl_cai"] = "sl_cai"
-    data: RLDataConfig = Field(default_factory=lambda: RLDataConfig(task={"name": "secret", "n": 512}))
-    constitution: str = Field("default", description="a built-in constitution or a file")
-    judge: JudgeConfig = Field(default_factory=_policy_judge, description="default: the model critiques itself")
-    rounds: int = Field(1, ge=1, description="critique -> revision rounds per response")
-    critique_template: str = "cai-critique"
-    revision_template: str = "cai-revision"
-    sampling: ResponseSampling = Field(default_factory=ResponseSampling)
-    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
-    sft_from: str | None = Field(None, description="the model fine-tuned on the corpus (default: model)")
-
-
-class AILabelsConfig(StageConfig):
-    """Two samples per prompt -> a position-swapped pairwise judge against a sampled principle -> pairs."""
-
-    type: Literal["ai_labels"] = "ai_labels"
-    data: RLDataConfig = Field(default_factory=lambda: RLDataConfig(task={"name": "secret", "n": 512}))
-    constitution: str = "default"
-    judge: JudgeConfig = Field(default_factory=_policy_judge)
-    sampling: ResponseSampling = Field(default_factory=ResponseSampling)
-    eval_fraction: float = Field(0.1, ge=0, lt=1, description="share of pairs held out (by prompt) for the RM")
-    audit: list[RewardConfig] = Field(default_factory=list, description="rewards that check the labels "
-                                      "(e.g. the task verifier): how often the judge's chosen scores higher")
-
-    @model_validator(mode="after")
-    def _pairwise(self) -> AILabelsConfig:
-        if self.judge.kind != "pairwise":
-            raise ValueError("ai_labels compares two responses: judge.kind must be 'pairwise'")
-        if self.sampling.temperature == 0:
-            raise ValueError("ai_labels samples two responses per prompt: sampling.temperature must be > 0 "
-                             "(two greedy responses are the same)")
-        return self
-
-
-class RLAIFConfig(StageConfig):
-    """RL against the preference model: ``ppo`` (PPOConfig fields in ``ppo``) or online ``dpo`` (OnlineDPOConfig
-    fields in ``dpo``). ``model``, ``data``, ``train``, ``optim`` and ``eval`` are shared; a block's own
-    ``train`` / ``optim`` keys win."""
-
-    type: Literal["rlaif"] = "rlaif"
-    algorithm: Literal["ppo", "dpo"] = "ppo"
-    preference_model: str = Field(description="the preference model (an rm stage's output, e.g. '@capm')")
-    data: RLDataConfig = Field(default_factory=lambda: RLDataConfig(task={"name": "secret", "n": 512}))
-    ppo: dict[str, Any] = Field(default_factory=dict)
-    dpo: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _inner_is_valid(self) -> RLAIFConfig:
-        self.inner()
-        return self
-
-    def inner(self) -> StageConfig:
-        """The ``ppo`` or ``online_dpo`` stage config this stage runs."""
-        common = {"name": self.name, "model": self.model.model_dump(), "optim": self.optim.model_dump(),
-                  "train": self.train.model_dump(), "eval": self.eval.model_dump() if self.eval else None,
-                  "report_to": list(self.report_to), "data": self.data.model_dump()}
-        if self.algorithm == "ppo":
-            from tether.trainers.ppo import PPOConfig
-
-            reward = {"rewards": [{"name": "reward_model", "kwargs": {"path": self.preference_model}}]}
-            return PPOConfig.model_validate(deep_merge({**common, **reward}, {**self.ppo, "type": "ppo"}))
-        from tether.trainers.online_preference import OnlineDPOConfig
-
-        scorer = {"scorer": {"type": "reward_model", "path": self.preference_model}}
-        return OnlineDPOConfig.model_validate(deep_merge({**common, **scorer}, {**self.dpo, "type": "online_dpo"}))
-
-
 # ---- shared pieces -----------------------------------------------------------------------------------
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-
-
 def _prompts(cfg: SLCAIConfig | AILabelsConfig, records: list[dict] | None) -> tuple[list[dict], list[str]]:
     return prompt_texts(cfg.data, records, cfg.name)
 
 
 @torch.no_grad()
-def sample_responses(model: Any, tokenizer: Any, prompts: list[str], sampling: ResponseSampling, *, n: int,
+def sample_responses(model: Any, tokenizer: Any, prompts: list[str], sampling: SamplingConfig, *, n: int,
                      seed: int, chat: bool = False, engine: Any = None) -> list[list[str]]:
     """``n`` responses per prompt from the model, or from ``engine`` (any generation engine), prompt-major."""
     if engine is None:
         model.eval()
-        engine = HFEngine(model, tokenizer, batch_size=sampling.batch_size)
+        engine = HFEngine(model, tokenizer, batch_size=sampling.engine_batch_size)
     rollout = engine.generate(tokenize_prompts(prompts, tokenizer, chat=chat), sampling.params(n, seed))
     out: list[list[str]] = [[] for _ in prompts]
     for text, i in zip(rollout.texts, rollout.prompt_index, strict=True):
@@ -213,10 +107,10 @@ def build_sl_cai_corpus(cfg: SLCAIConfig, model: Any, tokenizer: Any, out_dir: P
     if not kept:
         raise ValueError(f"stage {cfg.name!r}: the SL-CAI corpus is empty ({figures})")
     figures["corpus/records"] = float(len(kept))
-    _write_jsonl(out_dir / "corpus.jsonl", corpus)
-    (out_dir / "corpus.json").write_text(json.dumps(figures, indent=2))
+    write_jsonl_atomic(out_dir / "corpus.jsonl", corpus)
+    write_json_atomic(out_dir / "corpus.json", figures)
     # written last: a corpus that exists is complete (a resumed stage goes straight to its SFT)
-    _write_jsonl(out_dir / "train.jsonl", [_sft_row(c["prompt"], c["revision"], cfg.data.chat) for c in kept])
+    write_jsonl_atomic(out_dir / "train.jsonl", [_sft_row(c["prompt"], c["revision"], cfg.data.chat) for c in kept])
     return figures
 
 
@@ -235,9 +129,6 @@ def train_sl_cai(config: SLCAIConfig | dict, *, out: str | Path, model: Any = No
     ``engine``: a generation engine that writes the initial answers instead of ``model``.
     Writes the fine-tuned model to ``out/<stage>``; returns the SFT's figures and the chain's.
     """
-    from tether.stages import train_sft
-    from tether.trainers.sft import SFTConfig
-
     cfg = config if isinstance(config, SLCAIConfig) else SLCAIConfig.model_validate(config)
     name = cfg.name or cfg.type
     stage_dir = Path(out) / name
@@ -246,8 +137,6 @@ def train_sl_cai(config: SLCAIConfig | dict, *, out: str | Path, model: Any = No
     if not (stage_dir / "train.jsonl").exists():
         records = None
         if prompts is not None:
-            from tether.data import load_records
-
             records = load_records(prompts)
         answerer, tok = resolve_model(model, tokenizer, cfg.model)
         build_sl_cai_corpus(cfg, answerer, tok, stage_dir, records=records, judge=judge, engine=engine)
@@ -263,8 +152,6 @@ def train_sl_cai(config: SLCAIConfig | dict, *, out: str | Path, model: Any = No
     return results
 
 
-@register_stage("sl_cai", SLCAIConfig, "SL-CAI: answer -> critique -> revise (N rounds) against a constitution "
-                                       "-> SFT on the revisions")
 def run_sl_cai(cfg: SLCAIConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     return train_sl_cai(cfg, out=run_dir, resume=resume)
 
@@ -278,7 +165,7 @@ def _held_out(prompt: str, fraction: float) -> bool:
 
 def _audit(cfg: AILabelsConfig, rows: list[dict], prompts: list[str]) -> dict[str, float]:
     """Of the decided pairs the audit rewards tell apart, the share whose chosen the audit prefers."""
-    composer = RewardComposer([RewardSpec(r.name, r.weight, dict(r.kwargs)) for r in cfg.audit])
+    composer = reward_composer(cfg.audit, defaults=cfg.reward_defaults())
     decided = [r for r in rows if r["p_a"] in (0.0, 1.0)]
     if not decided:
         return {}
@@ -318,9 +205,9 @@ def label_pairs(cfg: AILabelsConfig, model: Any, tokenizer: Any, out_dir: Path, 
     train = [p for p in pairs if not _held_out(p["prompt"], cfg.eval_fraction)]
     if not train:
         raise ValueError(f"stage {cfg.name!r}: no decided pairs to train on ({figures})")
-    _write_jsonl(out_dir / "labels.jsonl", rows)
-    _write_jsonl(out_dir / "pairs.jsonl", train)
-    _write_jsonl(out_dir / "eval.jsonl", held or train[:1])  # an rm stage needs a non-empty eval file
+    write_jsonl_atomic(out_dir / "labels.jsonl", rows)
+    write_jsonl_atomic(out_dir / "pairs.jsonl", train)
+    write_jsonl_atomic(out_dir / "eval.jsonl", held or train[:1])  # an rm stage needs a non-empty eval file
     figures.update({"labels/prompts": float(len(prompts)), "labels/identical_samples": float(len(prompts) - len(usable)),
                     "labels/train_pairs": float(len(train)), "labels/eval_pairs": float(len(held))})
     if cfg.audit:
@@ -340,11 +227,7 @@ def ai_labels(config: AILabelsConfig | dict, *, out: str | Path, model: Any = No
         torch.set_num_threads(cfg.train.threads)
     name = cfg.name or cfg.type
     stage_dir = Path(out) / name
-    records = None
-    if prompts is not None:
-        from tether.data import load_records
-
-        records = load_records(prompts)
+    records = load_records(prompts) if prompts is not None else None
     model, tokenizer = resolve_model(model, tokenizer, cfg.model)
     figures = label_pairs(cfg, model, tokenizer, stage_dir, records=records, judge=judge, engine=engine)
     logger = MetricsLogger(Path(out), name, report_to=[])
@@ -354,8 +237,6 @@ def ai_labels(config: AILabelsConfig | dict, *, out: str | Path, model: Any = No
     return figures
 
 
-@register_stage("ai_labels", AILabelsConfig, "RLAIF labels: 2 samples per prompt, a pairwise judge against a "
-                                             "sampled principle, both orders; judge bias figures")
 def run_ai_labels(cfg: AILabelsConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     return ai_labels(cfg, out=run_dir)
 
@@ -367,15 +248,10 @@ def train_rlaif(config: RLAIFConfig | dict, *, out: str | Path, model: Any = Non
     cfg = config if isinstance(config, RLAIFConfig) else RLAIFConfig.model_validate(config)
     inner = cfg.inner()
     if cfg.algorithm == "ppo":
-        from tether.stages import train_ppo
-
         return train_ppo(inner, out=out, model=model, tokenizer=tokenizer, resume=resume)
-    from tether.trainers.online_preference import train_online_dpo
-
     return train_online_dpo(inner, out=out, model=model, tokenizer=tokenizer, resume=resume)
 
 
-@register_stage("rlaif", RLAIFConfig, "RL-CAI / RLAIF: PPO or online DPO against the AI-labelled preference model")
 def run_rlaif(cfg: RLAIFConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     return train_rlaif(cfg, out=run_dir, resume=resume)
 

@@ -1,0 +1,107 @@
+"""Agentic tool-use stages: the environment, the multi-turn loop, the SFT warm-up and the RL stage."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tether.config.base import StrictModel
+from tether.config.common import TaskSource
+from tether.config.rewards import RewardSpec
+from tether.config.rl import GRPOConfig
+from tether.config.sft import SFTConfig
+from tether.core.advantages import ADVANTAGE_ESTIMATORS
+
+
+class EnvironmentConfig(StrictModel):
+    """A tool-use environment: which task, which tools, which action format."""
+
+    name: str = Field("tools", description="a registered environment (ENVIRONMENTS)")
+    task: TaskSource = Field(default_factory=lambda: TaskSource(name="multiplication"),
+                             description="the tasks episodes solve (n: training tasks)")
+    tools: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: ["calculator"],
+        description="built-in tools (calculator, python), import paths 'package.module:function' or {name, kwargs}")
+    action_format: Literal["react", "hermes"] = Field("react", description="how the policy writes tool calls")
+    system_prompt: bool = Field(True, description="describe the tools in a system message (or the template's)")
+    max_observation_chars: int = Field(256, ge=1, description="longer tool output is cut")
+    eval_n: int = Field(200, ge=1, description="held-out tasks for evaluation")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of the task's problems held out")
+
+
+class AgentLoopConfig(StrictModel):
+    """Episode limits and concurrency of the multi-turn loop."""
+
+    max_turns: int = Field(4, ge=1, description="policy turns per episode")
+    max_tokens: int = Field(256, ge=2, description="generated + observation tokens per episode")
+    max_tokens_per_turn: int = Field(64, ge=1, description="tokens the policy generates per turn at most")
+    tool_workers: int = Field(4, ge=1, description="threads running tool calls and verifiers")
+    tool_wait_s: float | None = Field(None, ge=0, description="null: every round waits for all tool calls "
+                                      "(reproducible); a number: slower calls join a later round")
+    success_threshold: float = Field(1.0, description="an episode succeeds when its verifier score reaches this")
+
+
+class GiGPOConfig(StrictModel):
+    """GiGPO's step-level advantage (Feng et al. 2025), added per turn to the episode-level one."""
+
+    weight: float = Field(1.0, ge=0, description="omega: weight of the step-level advantage")
+    gamma: float = Field(0.95, ge=0, le=1, description="discount of the step returns")
+    normalize: bool = Field(True, description="divide by the step group's std (F_norm = std), else 1")
+
+
+class AgentEvalConfig(StrictModel):
+    """Held-out episodes of the environment's task, greedy; ``samples`` > 0 adds that many sampled episodes
+    per task (``sampled/success`` etc.); ``before`` also evaluates before training."""
+
+    n: int = Field(200, ge=1, description="held-out tasks")
+    seed: int = Field(0, description="which held-out tasks (and samples)")
+    samples: int = Field(0, ge=0, description="sampled episodes per task beside the greedy one")
+    temperature: float = Field(1.0, gt=0, description="sampled episodes' temperature")
+    before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
+    batch_size: int | None = Field(None, ge=1, description="episodes decoded together; None: all")
+
+
+class AgentSFTConfig(SFTConfig):
+    """SFT on demonstrations of ``environment`` (``environment.task.n`` of them; ``data`` sets only
+    tokenisation, or ``data.path`` gives your own chat records with tool messages)."""
+
+    type: Literal["agent_sft"] = Field("agent_sft", description="the stage type")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="the environment")
+    agent: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="the multi-turn loop")
+    eval: AgentEvalConfig | None = Field(None, description="held-out episodes after training")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_from_environment(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not (data.get("data") or {}).get("path"):
+            env = data.get("environment") or {}
+            task = env.get("task") if isinstance(env, dict) else None
+            data = {**data, "data": {**(data.get("data") or {}), "task": task or {"name": "multiplication"}}}
+        return data
+
+
+def _trajectory() -> list[RewardSpec]:
+    return [RewardSpec("trajectory")]
+
+
+class AgentConfig(GRPOConfig):
+    """GRPO-family RL on multi-turn episodes of ``environment``. ``train.batch_size`` tasks per step,
+    ``rollout.group_size`` episodes each; ``rollout`` sets sampling (``max_new_tokens`` and ``stop``
+    are replaced by ``agent.max_tokens_per_turn`` and the end-of-turn token); ``data`` is unused."""
+
+    type: Literal["agent"] = Field("agent", description="the stage type")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="the environment")
+    agent: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="the multi-turn loop")
+    rewards: list[RewardSpec] = Field(default_factory=_trajectory, description="the environment's verifier "
+                                      "(trajectory) and any reward of the final answer")
+    gigpo: GiGPOConfig | None = Field(None, description="add GiGPO's step-level advantage; None: off")
+    eval: AgentEvalConfig | None = Field(None, description="held-out episodes after training")
+
+    @model_validator(mode="after")
+    def _agent_supported(self) -> AgentConfig:
+        if ADVANTAGE_ESTIMATORS.needs(self.advantage) or self.dynamic_sampling.enabled or self.overlong is not None:
+            raise ValueError("the agent trainer does not support advantages that need extra rollouts (remax), "
+                             "dynamic_sampling or overlong shaping")
+        return self
+

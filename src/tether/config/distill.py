@@ -1,0 +1,124 @@
+"""Distillation and rejection-sampling stage configs: generate, filter, self-distillation rounds, best-of-n."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tether.config.base import StrictModel, deep_merge
+from tether.config.common import EvalConfig, StageConfig, TaskSource
+from tether.config.data import PromptDataConfig
+from tether.config.rewards import FilterConfig, ScoredPairsConfig, ScorerConfig
+from tether.config.sampling import SamplingConfig, SamplingParams
+
+
+class CorpusSamplingConfig(SamplingConfig):
+    """``n`` samples per prompt, written to a corpus ``engine_batch_size`` at a time."""
+
+    n: int = Field(4, ge=1, description="samples per prompt")
+    seed: int | None = Field(0, description="sampling seed; None: not reproducible")
+    engine_batch_size: int | None = Field(256, ge=1, description="samples per engine call (and per flush to disk)")
+
+    def corpus_params(self, seed_offset: int = 0) -> SamplingParams:
+        """The engine-call parameters, the seed shifted by ``seed_offset`` (a round's own samples)."""
+        return self.params(self.n, None if self.seed is None else self.seed + seed_offset)
+
+
+class EngineConfig(StrictModel):
+    """``local``: the stage's model in-process; ``openai``: an OpenAI-compatible endpoint at ``base_url``
+    serving ``served_model``, with ``model.name_or_path`` naming the local tokenizer."""
+
+    kind: Literal["local", "openai"] = Field("local", description="where samples come from")
+    base_url: str | None = Field(None, description="openai: the server, e.g. http://127.0.0.1:8000/v1")
+    served_model: str | None = Field(None, description="model id at the endpoint (default: model.name_or_path)")
+    api_key_env: str | None = Field(None, description="openai: the environment variable holding the API key")
+    timeout: float = Field(60.0, gt=0, description="openai: seconds per request")
+    max_retries: int = Field(4, ge=0, description="openai: retries of a failed request")
+    concurrency: int = Field(8, ge=1, description="openai: requests in flight")
+    cache_dir: str | None = Field(None, description="openai: keep every reply on disk here")
+
+
+def _task_prompts() -> PromptDataConfig:
+    return PromptDataConfig(task=TaskSource())
+
+
+class GenerateConfig(StageConfig):
+    """Sample K completions per prompt into ``STAGE/corpus.jsonl`` (resumable)."""
+
+    type: Literal["generate"] = Field("generate", description="the stage type")
+    prompts: PromptDataConfig = Field(default_factory=_task_prompts, description="the prompts sampled")
+    sampling: CorpusSamplingConfig = Field(default_factory=CorpusSamplingConfig, description="how they are sampled")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="which engine samples")
+    output: Literal["jsonl", "parquet"] = Field("jsonl", description="the corpus file format")
+    verifier: ScorerConfig | None = Field(None, description="reports the share of samples it scores >= 1")
+
+
+class FilterStageConfig(StageConfig):
+    """Keep the samples of a corpus worth learning from; optionally pairs for a reward model."""
+
+    type: Literal["filter"] = Field("filter", description="the stage type")
+    input: str = Field(description="the corpus to filter, e.g. '@generate/corpus.jsonl'")
+    filter: FilterConfig = Field(default_factory=FilterConfig, description="which samples are kept")
+    chat: bool = Field(False, description="write chat records (user prompt, assistant completion)")
+    pairs: ScoredPairsConfig | None = Field(None, description="also write chosen / rejected pairs")
+
+
+class CorpusDataConfig(StrictModel):
+    """How each round's corpus is tokenised for SFT (see ``DataConfig``)."""
+
+    max_length: int = Field(512, ge=8, description="tokens per example at most")
+    overflow: Literal["truncate", "drop"] = Field("truncate", description="what happens to a longer example")
+    packing: bool = Field(True, description="pack examples padding-free into rows")
+    pack_length: int = Field(512, ge=8, description="tokens per packed row")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "star": {"restart": "base", "step_growth": 1.2},
+    "rest": {"restart": "previous", "step_growth": 1.0},
+    "raft": {"restart": "previous", "step_growth": 1.0, "filter": {"max_per_prompt": 1}},
+}
+
+
+class SelfDistillConfig(StageConfig):
+    """Rounds of generate -> filter -> SFT with the model as its own teacher; ``train`` / ``optim`` are
+    each round's SFT, ``eval`` runs after every round."""
+
+    type: Literal["self_distill"] = Field("self_distill", description="the stage type")
+    algorithm: Literal["star", "rest", "raft"] = Field("rest", description="a preset: STaR, ReST or RAFT")
+    iterations: int = Field(2, ge=1, description="generate -> filter -> SFT rounds")
+    prompts: PromptDataConfig = Field(default_factory=_task_prompts, description="the prompts sampled")
+    sampling: CorpusSamplingConfig = Field(default_factory=CorpusSamplingConfig, description="how they are sampled")
+    filter: FilterConfig = Field(default_factory=FilterConfig, description="which samples each round keeps")
+    restart: Literal["base", "previous"] = Field("previous", description="each round trains from the base "
+                                                                         "model or the last round's")
+    step_growth: float = Field(1.0, gt=0, description="train.max_steps is multiplied by this every round")
+    data: CorpusDataConfig = Field(default_factory=CorpusDataConfig, description="tokenisation of the corpus")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):  # the verifier filter is on unless set to null explicitly
+            defaults = deep_merge({"filter": {"verifier": {}}}, PRESETS.get(data.get("algorithm") or "rest", {}))
+            return deep_merge(defaults, data)
+        return data
+
+
+def _verifier() -> dict[str, ScorerConfig]:
+    return {"verifier": ScorerConfig()}
+
+
+class BestOfNConfig(StageConfig):
+    """Best-of-n accuracy on ``eval.n`` held-out problems, sampled at ``eval.temperature``."""
+
+    type: Literal["best_of_n"] = Field("best_of_n", description="the stage type")
+    ns: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16], description="the n values of the curve")
+    scorers: dict[str, ScorerConfig] = Field(default_factory=_verifier, description="what picks the best, by "
+                                                                                    "label")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out problems and sampling")
+
+    @model_validator(mode="after")
+    def _positive(self) -> BestOfNConfig:
+        if not self.ns or min(self.ns) < 1:
+            raise ValueError("ns must be a non-empty list of positive sample counts")
+        return self

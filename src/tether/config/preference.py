@@ -1,0 +1,264 @@
+"""Preference stage configs: reward models, offline DPO-family / KTO, online DPO (OAIF, self-rewarding),
+SPIN, and the synthetic judge data stage."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tether.config.base import StrictModel
+from tether.config.common import StageConfig, TaskSource
+from tether.config.data import PairDataConfig, PreferenceDataConfig, PreferenceTaskSource, PromptDataConfig
+from tether.config.rewards import PairConfig, RewardSpec, ScorerConfig
+from tether.config.sampling import SamplingConfig
+from tether.core.preference import PREFERENCE_LOSSES, UNPAIRED_LOSSES, PreferenceInputs, mixed_preference_loss
+from tether.core.reward import STEP_AGGREGATIONS
+
+REFERENCE_FREE = frozenset({"simpo", "orpo"})
+HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "simpo_gamma", "length_normalize", "desirable_weight",
+           "undesirable_weight")
+
+
+class RewardModelConfig(StageConfig):
+    """An outcome reward model (Bradley-Terry on pairs) or, with ``process``, a process reward model."""
+
+    type: Literal["rm"] = Field("rm", description="the stage type")
+    data: PairDataConfig = Field(default_factory=lambda: PairDataConfig(task=PreferenceTaskSource()),
+                                 description="preference pairs (or stepwise traces for a process RM)")
+    process: bool = Field(False, description="process reward model on stepwise records")
+    step_separator: str = Field("\n", min_length=1, description="appended after every step (process RM)")
+    aggregation: str = Field("min", description="step-score aggregation (process RM): min, product, last, mean")
+    center_coef: float = Field(0.0, ge=0, description="reward centring weight (outcome RM)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RewardModelConfig:
+        if self.aggregation not in STEP_AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; valid: {', '.join(STEP_AGGREGATIONS)}")
+        if self.eval is not None:
+            raise ValueError("a reward model stage has no task evaluation ('eval'): it is evaluated on "
+                             "held-out pairs (data.task.eval_n, data.eval_path or data.eval_fraction)")
+        expected = "stepwise" if self.process else "preference"
+        if self.data.format not in (None, expected):
+            raise ValueError(f"data.format is {self.data.format!r} but a {'process' if self.process else 'outcome'} "
+                             f"reward model trains on {expected!r} records")
+        kind = self.data.task.kind if self.data.task is not None else None
+        if kind is not None and (kind == "stepwise") != self.process:
+            raise ValueError(f"data.task.kind {kind!r} does not fit process={self.process}: a process reward "
+                             "model trains on 'stepwise' records, an outcome one on pairs")
+        return self
+
+
+class PreferenceLossConfig(StrictModel):
+    """The preference-loss fields a stage config shares (offline ``dpo``, ``online_dpo``, ``spin``): which
+    loss and its hyperparameters. Hyperparameters left unset take the loss's own default; one the
+    selected loss does not take is ignored with a warning, so a recipe tuned for one loss runs after
+    ``loss=NAME``."""
+
+    loss: str | dict[str, float] = Field("sigmoid", description="a PREFERENCE_LOSSES name, 'kto', or "
+                                                                "{name: weight} for a mix")
+    beta: float | None = Field(None, gt=0, description="the implicit reward's scale (DPO's beta)")
+    label_smoothing: float | None = Field(None, ge=0, le=0.5, description="cdpo / robust")
+    rpo_alpha: float | None = Field(None, ge=0, description="rpo: weight of the chosen NLL")
+    simpo_gamma: float | None = Field(None, description="simpo: target margin")
+    length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
+    desirable_weight: float | None = Field(None, gt=0, description="kto")
+    undesirable_weight: float | None = Field(None, gt=0, description="kto")
+    wpo: bool = Field(False, description="weight pairs by their probability under the policy (WPO)")
+
+    @property
+    def loss_names(self) -> list[str]:
+        return list(self.loss) if isinstance(self.loss, dict) else [self.loss]
+
+    @property
+    def unpaired(self) -> bool:
+        return self.loss == "kto"
+
+    @property
+    def needs_reference(self) -> bool:
+        return not all(name in REFERENCE_FREE for name in self.loss_names)
+
+    def _functions(self) -> list[Callable]:
+        return [UNPAIRED_LOSSES.get(n) if n == "kto" else PREFERENCE_LOSSES.get(n) for n in self.loss_names]
+
+    def hparams(self) -> dict[str, Any]:
+        """The hyperparameters that are set and taken by one of the selected losses."""
+        accepted = {p for fn in self._functions() for p in inspect.signature(fn).parameters}
+        return {k: getattr(self, k) for k in HPARAMS if getattr(self, k) is not None and k in accepted}
+
+    def ignored_hparams(self) -> list[str]:
+        """Set hyperparameters no selected loss takes (e.g. ``rpo_alpha`` after ``loss=ipo``)."""
+        return [k for k in HPARAMS if getattr(self, k) is not None and k not in self.hparams()]
+
+    def paired_loss(self) -> Callable[[PreferenceInputs], tuple[Any, dict]]:
+        """The configured paired loss (or mix) with its hyperparameters bound. For a mix, the first
+        component's rewards are also logged unprefixed, so logs read the same whatever the loss."""
+        if isinstance(self.loss, dict):
+            mix = partial(mixed_preference_loss, losses=self.loss, **self.hparams())
+            return partial(_with_first_rewards, mix, next(iter(self.loss)))
+        return partial(PREFERENCE_LOSSES.get(self.loss), **self.hparams())
+
+    @property
+    def implicit_beta(self) -> float:
+        """β of the (first) configured loss: the implicit reward's scale."""
+        if self.beta is not None:
+            return self.beta
+        return inspect.signature(self._functions()[0]).parameters["beta"].default
+
+    @model_validator(mode="after")
+    def _check_loss_names(self) -> PreferenceLossConfig:
+        if isinstance(self.loss, dict) and not self.loss:
+            raise ValueError("loss: an empty mix; give {name: weight, ...}")
+        for name in self.loss_names:
+            if name == "kto" and isinstance(self.loss, dict):
+                raise ValueError("'kto' takes unpaired data and cannot be mixed with paired losses")
+            if name != "kto" and name not in PREFERENCE_LOSSES:
+                valid = ", ".join([*PREFERENCE_LOSSES.names(), "kto"])
+                raise ValueError(f"unknown preference loss {name!r}; valid names: {valid}")
+        if self.wpo and self.unpaired:
+            raise ValueError("wpo weights pairs; it does not apply to kto")
+        return self
+
+
+def _with_first_rewards(mix: Callable, first: str, inputs: PreferenceInputs) -> tuple[Any, dict]:
+    value, metrics = mix(inputs)
+    metrics.update({k[len(first) + 1:]: v for k, v in list(metrics.items()) if k.startswith(f"{first}/rewards/")})
+    return value, metrics
+
+
+class DPOConfig(PreferenceLossConfig, StageConfig):
+    """Offline preference optimisation; hyperparameters left unset take the loss's own default.
+
+    A hyperparameter the selected loss does not take is ignored with a warning, so a recipe tuned
+    for one loss still runs after ``dpo.loss=NAME``.
+    """
+
+    type: Literal["dpo"] = Field("dpo", description="the stage type")
+    data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task=PreferenceTaskSource()),
+                                       description="preference pairs (or unpaired records for kto)")
+
+    @model_validator(mode="after")
+    def _check_data(self) -> DPOConfig:
+        if self.data.task is not None and self.data.task.kind == "stepwise":
+            raise ValueError("data.task.kind 'stepwise' is for process reward models; use correctness, style "
+                             "or mixed")
+        return self
+
+    def record_format(self) -> str | None:
+        """``data.format``, else ``preference`` for paired losses; KTO detects pairs or unpaired records."""
+        return self.data.format or (None if self.unpaired else "preference")
+
+
+class OnlineRolloutConfig(SamplingConfig):
+    """How the policy samples its K responses per prompt."""
+
+    samples: int = Field(4, ge=2, description="K responses per prompt")
+
+    @model_validator(mode="after")
+    def _sampled(self) -> OnlineRolloutConfig:
+        if self.temperature == 0 and self.samples > 1:
+            raise ValueError("K greedy responses to one prompt are one response K times: temperature must be > 0")
+        return self
+
+
+class OnlineDPOConfig(PreferenceLossConfig, StageConfig):
+    """Online / iterative preference optimisation. ``train.max_steps`` is ``rounds * steps_per_round``;
+    ``train.batch_size`` is pairs per micro-batch."""
+
+    type: Literal["online_dpo"] = Field("online_dpo", description="the stage type")
+    mode: Literal["iterative", "oaif"] = Field("iterative", description="oaif: 2 samples, 1 step per round")
+    data: PromptDataConfig = Field(default_factory=lambda: PromptDataConfig(task=TaskSource()),
+                                   description="the prompts (with answers for verifiers)")
+    rounds: int = Field(3, ge=1, description="sample -> score -> pair -> train rounds")
+    steps_per_round: int = Field(50, ge=1, description="optimiser steps on each round's pairs")
+    prompts_per_round: int = Field(64, ge=1, description="prompts sampled each round")
+    rollout: OnlineRolloutConfig = Field(default_factory=OnlineRolloutConfig, description="how responses are "
+                                                                                          "sampled")
+    scorer: ScorerConfig = Field(default_factory=ScorerConfig, description="what scores the responses")
+    pairs: PairConfig = Field(default_factory=PairConfig, description="how scored responses become pairs")
+    reference: Literal["initial", "round"] = Field("initial", description="round: the policy at each round's start")
+    self_rewarding: bool = Field(False, description="the policy judges its own samples (scorer.judge)")
+    audit: list[RewardSpec] = Field(default_factory=list, description="rewards logged beside the scorer")
+    eval_every_rounds: int = Field(1, ge=1, description="held-out evaluation every this many rounds")
+    min_pairs: int = Field(1, ge=1, description="a round with fewer pairs makes no update (counted)")
+    max_length: int = Field(512, ge=8, description="tokens per prompt + response at most")
+    pack_length: int = Field(1024, ge=8, description="tokens per packed row")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("mode") == "oaif":
+            data = {**data, "steps_per_round": data.get("steps_per_round", 1)}
+            data["rollout"] = {"samples": 2, **(data.get("rollout") or {})}
+        scorer = data.get("scorer")
+        if data.get("self_rewarding") and isinstance(scorer, dict) and isinstance(scorer.get("judge"), dict):
+            data = {**data, "scorer": {**scorer, "judge": {**scorer["judge"], "backend": "policy"}}}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OnlineDPOConfig:
+        if self.unpaired:
+            raise ValueError("online_dpo builds pairs; 'kto' is not available here")
+        if self.mode == "oaif" and (self.rollout.samples != 2 or self.steps_per_round != 1):
+            raise ValueError("mode 'oaif' samples 2 responses per prompt and makes one update per round "
+                             "(rollout.samples: 2, steps_per_round: 1)")
+        if self.self_rewarding:
+            if self.scorer.kind != "judge" or self.scorer.judge.backend != "policy":
+                raise ValueError("self_rewarding needs scorer.kind 'judge' with a judge block (the policy is the "
+                                 "judge: its backend is 'policy')")
+        elif self.scorer.kind == "judge" and self.scorer.judge.backend == "policy":
+            raise ValueError("judge backend 'policy' is self-rewarding: set self_rewarding: true")
+        self.train.max_steps = self.rounds * self.steps_per_round
+        if self.train.save_every is None:  # a checkpoint at every round boundary (OAIF: every eval)
+            self.train.save_every = self.steps_per_round if self.mode == "iterative" else self.eval_every_rounds
+        return self
+
+
+NOT_FOR_SPIN = ("scorer", "pairs", "self_rewarding", "mode", "audit")
+
+
+class SPINRolloutConfig(OnlineRolloutConfig):
+    """How SPIN's opponent (the model itself) answers the SFT prompts."""
+
+    samples: int = Field(1, ge=1, description="generations per prompt, each paired with the demonstration")
+    temperature: float = Field(1.0, ge=0, description="0: greedy, the model's most likely answer")
+
+
+class SPINConfig(OnlineDPOConfig):
+    """SPIN. ``data``: SFT demonstrations (``prompt`` + ``completion`` file, or a task with ``think``);
+    ``rounds``: SPIN iterations; ``loss`` / ``beta``: the preference loss and λ."""
+
+    type: Literal["spin"] = Field("spin", description="the stage type")
+    data: PromptDataConfig = Field(default_factory=lambda: PromptDataConfig(task=TaskSource()),
+                                   description="the SFT demonstrations (prompt + completion)")
+    rollout: SPINRolloutConfig = Field(default_factory=SPINRolloutConfig, description="how the model answers")
+    reference: Literal["initial", "round"] = Field("round", description="round: the previous iterate (SPIN)")
+
+    @model_validator(mode="after")
+    def _spin_only(self) -> SPINConfig:
+        unused = sorted(set(NOT_FOR_SPIN) & self.model_fields_set)
+        if unused:
+            raise ValueError(f"spin takes no {', '.join(unused)}: chosen is the SFT demonstration and rejected the "
+                             "model's generation, with no scorer")
+        if self.data.chat:
+            raise ValueError("spin works on prompt / completion text; data.chat is not supported")
+        return self
+
+
+class JudgeDataConfig(StageConfig):
+    """Synthetic judge training data (``judge_records``) written to ``<stage>/train.jsonl`` for an SFT
+    stage, optionally mixed with ``sft_n`` task demonstrations (self-rewarding's IFT + EFT seed data)."""
+
+    type: Literal["judge_data"] = Field("judge_data", description="the stage type")
+    task: PreferenceTaskSource = Field(default_factory=PreferenceTaskSource,
+                                       description="the task whose correctness pairs become verdicts")
+    kind: Literal["pointwise", "pairwise"] = Field("pairwise", description="scores or pairwise verdicts")
+    template: str = Field("compact-pairwise", description="the judge template (built-in name or file)")
+    scale: tuple[float, float] = Field((0.0, 1.0), description="pointwise: the scores of wrong and right")
+    sft_n: int = Field(0, ge=0, description="task demonstrations mixed in")
+    solve_first: bool = Field(False, description="the judge works the problem out before its verdict")

@@ -1,0 +1,259 @@
+"""RL stage configs: one :class:`RLConfig` for the RL machinery, ``grpo`` (critic-free) and ``ppo`` (a critic).
+
+PPO is the critic-enabled case of the same machinery (as in verl): both stages sample, score,
+shape rewards, put the KL where ``kl`` says, estimate advantages with a registry estimator and
+update with a registry policy loss; ``ppo`` adds ``critic`` and the GAE estimator's
+``gamma`` / ``lam`` / ``whiten_advantages``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+
+from tether.config.base import StrictModel, deep_merge, known_name
+from tether.config.common import StageConfig, TaskSource
+from tether.config.data import PromptDataConfig
+from tether.config.rewards import RewardSpec
+from tether.config.sampling import SamplingConfig
+from tether.core.advantages import ADVANTAGE_ESTIMATORS
+from tether.core.aggregation import LOSS_AGGREGATIONS
+from tether.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from tether.core.policy_loss import POLICY_LOSSES
+
+
+class RolloutConfig(SamplingConfig):
+    """How an RL stage samples: ``group_size`` completions per prompt, on which engine."""
+
+    group_size: int = Field(8, ge=1, description="completions per prompt")
+    mask_truncated: bool = Field(False, description="no loss on completions cut at max_new_tokens (DAPO)")
+    engine: Literal["hf", "vllm", "ray"] = Field("hf", description="hf: in process; vllm: colocated on the GPU "
+                                                 "(extra tether[vllm]); ray: rollout workers (extra tether[ray])")
+    workers: int = Field(2, ge=1, description="ray engine: rollout worker actors")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="vllm: vllm.LLM arguments "
+                                           "(gpu_memory_utilization, ...); ray: num_cpus, num_gpus, address")
+
+    @field_validator("temperature")
+    @classmethod
+    def _sampled(cls, value: float) -> float:
+        if value == 0:
+            raise ValueError("RL samples at temperature > 0: its log-probs are taken at the sampling temperature")
+        return value
+
+
+class KLConfig(StrictModel):
+    """The KL penalty to the reference (the starting policy): in the loss, or in the reward per token."""
+
+    coef: float = Field(0.0, ge=0, description="beta (the starting value under the adaptive controller); 0: off")
+    estimator: str = Field("k3", description="per-token KL estimator: k1 (Ziegler et al.), k2, k3 (Schulman)")
+    in_reward: bool = Field(False, description="subtract beta * KL from the reward per token instead of adding "
+                                               "it to the loss")
+    controller: str = Field("fixed", description="fixed, or adaptive (Ziegler et al.: beta moves toward a "
+                                                 "target KL per completion)")
+    target: float = Field(6.0, gt=0, description="adaptive: target KL per completion, nats")
+    horizon: int = Field(10000, ge=1, description="adaptive: K_beta = batch size / horizon")
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, value: str) -> str:
+        return known_name(KL_ESTIMATORS, value)
+
+    @field_validator("controller")
+    @classmethod
+    def _known_controller(cls, value: str) -> str:
+        return known_name(KL_CONTROLLERS, value)
+
+
+class ClipConfig(StrictModel):
+    """The clipped surrogate's ratio bounds: [1 - low, 1 + high], and dual-clip (Ye et al. 2020)."""
+
+    low: float = Field(0.2, ge=0, description="epsilon below 1")
+    high: float = Field(0.2, ge=0, description="epsilon above 1 (DAPO's clip-higher: larger)")
+    dual: float | None = Field(None, gt=1, description="dual-clip bound c on negative advantages; None: off")
+
+
+class OverlongConfig(StrictModel):
+    """DAPO soft overlong punishment inside ``buffer`` tokens before ``rollout.max_new_tokens``."""
+
+    buffer: int = Field(16, ge=1, description="tokens before the limit where the penalty ramps up")
+    penalty: float = Field(1.0, ge=0, description="the penalty at the limit")
+
+
+class DynamicSamplingConfig(StrictModel):
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped and replaced."""
+
+    enabled: bool = Field(False, description="drop and refill groups without reward variance")
+    max_rounds: int = Field(4, ge=1, description="generation rounds per step before giving up filling")
+
+
+class CriticConfig(StrictModel):
+    """The value model: from the reward model (InstructGPT) or the policy, or a path."""
+
+    init: Literal["reward_model", "policy"] = Field("reward_model", description="where a new critic starts")
+    name_or_path: str | None = Field(None, description="a reward / value / causal-LM checkpoint; overrides init")
+    lr: float | None = Field(None, gt=0, description="the critic's learning rate; None: optim.lr")
+    coef: float = Field(0.1, ge=0, description="weight of the value loss in the joint loss (vf_coef)")
+    clip_range: float | None = Field(0.2, gt=0, description="value clipping around the rollout values; None: off")
+    share_backbone: bool = Field(False, description="one base model: policy and value LoRA adapters "
+                                                    "(needs model.lora); the reference is the adapter-free base")
+    seed: int = Field(0, description="initialises a new value head")
+
+
+class RLConfig(StageConfig):
+    """The RL machinery's settings, shared by the ``grpo``, ``ppo`` and ``agent`` stages.
+    ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
+
+    data: PromptDataConfig = Field(default_factory=lambda: PromptDataConfig(task=TaskSource()),
+                                   description="the prompts (with answers for verifiers)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="how completions are sampled")
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec("accuracy")],
+                                      description="the reward functions, summed with their weights")
+    gold: RewardSpec | None = Field(None, description="a reward only logged (reward/gold), never trained on")
+    reward_on_error: Literal["raise", "zero"] = Field("raise", description="a reward function that raises: stop, "
+                                                                          "or score the sample 0")
+    reward_workers: int = Field(0, ge=0, description="score rewards in this many Ray actors (extra tether[ray]); "
+                                                     "0: in process")
+    reward_norm: Literal["none", "batch", "running"] = Field(
+        "none", description="normalise scores: over the batch, or by the running mean / std of all so far")
+    reward_clip: float | None = Field(None, gt=0, description="clip normalised scores to [-c, c]; None: off")
+    missing_eos_penalty: float | None = Field(None, ge=0, description="subtracted when a completion has no EOS")
+    overlong: OverlongConfig | None = Field(None, description="DAPO soft overlong punishment; None: off")
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig,
+                                                    description="DAPO dynamic sampling")
+    advantage: str = Field("grpo", description="an advantage estimator (ADVANTAGE_ESTIMATORS)")
+    advantage_kwargs: dict[str, Any] = Field(default_factory=dict, description="the estimator's hyperparameters")
+    policy_loss: str = Field("ppo_clip", description="a policy loss (POLICY_LOSSES)")
+    loss_agg: str = Field("seq-mean-token-mean", description="how per-token losses become one (LOSS_AGGREGATIONS)")
+    kl: KLConfig = Field(default_factory=KLConfig, description="the KL penalty to the reference")
+    clip: ClipConfig = Field(default_factory=ClipConfig, description="the surrogate's clipping")
+    entropy_coef: float = Field(0.0, description="weight of the entropy bonus (subtracted from the loss)")
+    critic: CriticConfig | None = Field(None, description="a learned value model (the ppo stage); None: "
+                                                          "critic-free")
+    num_iterations: int = Field(1, ge=1, description="passes over each rollout batch (GRPO's mu, PPO's epochs)")
+    mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
+    micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
+    row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
+    prefix_sharing: bool | Literal["auto"] = Field(
+        True, description="the update forward computes a prompt shared by a group's completions once (sdpa / "
+                          "eager attention; others ignore it); auto: only where a cost model says it is cheaper "
+                          "(not on narrow models with short prompts)")
+    sample_every: int = Field(10, ge=1, description="write sample completions every this many steps")
+
+    @model_validator(mode="after")
+    def _known_names(self) -> RLConfig:
+        known_name(ADVANTAGE_ESTIMATORS, self.advantage)
+        known_name(POLICY_LOSSES, self.policy_loss)
+        known_name(LOSS_AGGREGATIONS, self.loss_agg)
+        if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
+            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
+                             f"({self.rollout.max_new_tokens})")
+        return self
+
+    def advantage_hparams(self) -> dict[str, Any]:
+        """The keyword arguments the advantage estimator is called with."""
+        return dict(self.advantage_kwargs)
+
+    def reward_model_path(self) -> str | None:
+        """The ``path`` of the first ``reward_model`` reward, where the critic is initialised from."""
+        return next((r.kwargs.get("path") for r in self.rewards if r.name == "reward_model"), None)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Shao et al. 2024: group-normalised advantage, k3 KL in the loss, per-sequence mean.
+    "grpo": {"advantage": "grpo", "loss_agg": "seq-mean-token-mean", "kl": {"coef": 0.04, "estimator": "k3"}},
+    # Liu et al. 2025: no std division, no length normalisation (constant divisor), no KL.
+    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm", "kl": {"coef": 0.0}},
+    # Ahmadian et al. 2024: leave-one-out baseline, sequence KL folded into the reward.
+    "rloo": {"advantage": "rloo", "loss_agg": "token-mean",
+             "kl": {"coef": 0.05, "estimator": "k1", "in_reward": True}},
+    # Williams 1992 with a moving-average baseline.
+    "reinforce": {"advantage": "reinforce", "loss_agg": "token-mean", "kl": {"coef": 0.0}},
+    # Hu 2025: per-token KL in the reward, global batch normalisation.
+    "reinforce_pp": {"advantage": "reinforce_pp", "loss_agg": "token-mean",
+                     "kl": {"coef": 0.01, "estimator": "k2", "in_reward": True}},
+    # Li et al. 2023: a greedy rollout per prompt is the baseline.
+    "remax": {"advantage": "remax", "loss_agg": "token-mean", "kl": {"coef": 0.0}},
+    # Yu et al. 2025: clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL.
+    "dapo": {"advantage": "grpo", "loss_agg": "token-mean", "kl": {"coef": 0.0},
+             "clip": {"low": 0.2, "high": 0.28}, "dynamic_sampling": {"enabled": True},
+             "overlong": {"buffer": 16, "penalty": 1.0}},
+}
+
+
+class GRPOConfig(RLConfig):
+    """Critic-free RL: GRPO, Dr. GRPO, RLOO, REINFORCE(++), ReMax, DAPO; ``algorithm`` fills in a named
+    method's settings (explicit keys still win)."""
+
+    type: Literal["grpo"] = Field("grpo", description="the stage type")
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo"] | None = Field(
+        None, description="a preset: the named method's advantage, loss aggregation, KL, clip and shaping")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("algorithm"):
+            preset = PRESETS.get(data["algorithm"])
+            if preset is not None:
+                return deep_merge(preset, data)
+        return data
+
+    @model_validator(mode="after")
+    def _no_critic_needed(self) -> GRPOConfig:
+        if "values" in ADVANTAGE_ESTIMATORS.needs(self.advantage):
+            raise ValueError(f"advantage {self.advantage!r} needs a critic's values: use the ppo stage")
+        if self.critic is not None:
+            raise ValueError("a critic makes the stage PPO: use the ppo stage (type: ppo)")
+        return self
+
+
+class PPORolloutConfig(RolloutConfig):
+    """PPO's sampling: one completion per prompt by default (the critic is the baseline)."""
+
+    group_size: int = Field(1, ge=1, description="completions per prompt (PPO's critic is the baseline: 1)")
+
+
+class PPOKLConfig(KLConfig):
+    """PPO's KL penalty: in the reward per token (Ziegler et al.), k1, beta 0.05 to start."""
+
+    coef: float = Field(0.05, ge=0, description="beta (the starting value under the adaptive controller); 0: off")
+    estimator: str = Field("k1", description="per-token KL estimator: k1 (Ziegler et al.), k2, k3 (Schulman)")
+    in_reward: bool = Field(True, description="subtract beta * KL from the reward per token instead of adding "
+                                              "it to the loss")
+
+
+class PPOConfig(RLConfig):
+    """PPO-RLHF with a critic (InstructGPT): GAE advantages from the critic's values, the KL in the reward
+    per token, the clipped value loss beside the clipped surrogate."""
+
+    type: Literal["ppo"] = Field("ppo", description="the stage type")
+    data: PromptDataConfig = Field(default_factory=lambda: PromptDataConfig(task=TaskSource()),
+                                   description="the prompts")
+    rollout: PPORolloutConfig = Field(default_factory=PPORolloutConfig, description="how completions are sampled")
+    rewards: list[RewardSpec] = Field(default_factory=list, description="the score: usually the reward model")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="the value model")  # type: ignore[assignment]
+    kl: PPOKLConfig = Field(default_factory=PPOKLConfig, description="the KL penalty: in the reward per token, "
+                                                                     "beta fixed or adapted toward a target")
+    advantage: str = Field("gae", description="an advantage estimator that reads the critic's values")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    whiten_advantages: bool = Field(True, description="whiten GAE advantages over the (global) batch")
+    loss_agg: str = Field("token-mean", description="how per-token losses become one (LOSS_AGGREGATIONS)")
+    num_iterations: int = Field(4, ge=1, validation_alias=AliasChoices("num_iterations", "ppo_epochs"),
+                                description="passes over each rollout batch (PPO's epochs; ppo_epochs also works)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PPOConfig:
+        if "values" not in ADVANTAGE_ESTIMATORS.needs(self.advantage):
+            raise ValueError(f"the ppo stage trains a critic for its advantage: {self.advantage!r} reads no values "
+                             "(use gae, or the grpo stage)")
+        if self.critic.share_backbone:
+            if self.model.lora is None:
+                raise ValueError("critic.share_backbone needs model.lora: the policy and value adapters live on it")
+            if self.critic.init == "reward_model" or self.critic.name_or_path:
+                raise ValueError("critic.share_backbone builds the critic on the policy's base model: "
+                                 "set critic.init: policy and no critic.name_or_path")
+        return self
+
+    def advantage_hparams(self) -> dict[str, Any]:
+        return {"gamma": self.gamma, "lam": self.lam, "whiten": self.whiten_advantages, **self.advantage_kwargs}

@@ -1,0 +1,185 @@
+"""Log-probabilities under a model, from one forward pass: the entry point every trainer and evaluator calls.
+
+:func:`token_logprobs` is the one place a model is run to score tokens: sequences packed
+padding-free (sequences of one group sharing their common prefix, :mod:`tether.data.prefix_sharing`),
+the per-token log-probs ``log pi(x_t | x_<t)`` (temperature-scaled) of the tokens from a given
+position on, and optionally their entropies, read with :func:`tether.core.logprobs.selective_log_softmax`
+(the same definition a sampler reports). The others are its shapes for each caller:
+
+- :func:`completion_logprobs`: completions given their prompts (the RL trainers: old, reference and
+  current policy log-probs);
+- :func:`example_logprobs`: tokenised examples' loss tokens (offline preference losses, KTO);
+- :func:`pair_logprobs` / :func:`preference_inputs`: a pair's chosen and rejected in one forward
+  (the DPO family), with summed log-probs, lengths and WPO weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Literal
+
+import torch
+
+from tether.core.logprobs import entropy_from_logits, selective_log_softmax, sequence_logprobs
+from tether.core.preference import PreferenceInputs, wpo_weights
+from tether.data.packing import pack_sequences
+from tether.data.pairs import PairExample
+from tether.data.prefix_sharing import (
+    attention_pair_cost,
+    pack_prefix_groups,
+    sharing_pays,
+    supports_custom_masks,
+)
+from tether.data.tokenize import TokenizedExample
+from tether.models.reward_model import layout_sequences
+
+
+def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
+                            first_targets: Sequence[int], groups: Sequence[int] | None = None,
+                            temperature: float = 1.0, row_tokens: int, pad_token_id: int,
+                            with_entropy: bool = False, entropy_grad: bool = False, only_if_cheaper: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
+
+    Returns ``(logps, valid, entropy)``, each (N, W) with W the most scored tokens of any sequence:
+    ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
+    ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
+    from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
+    ``groups`` id share their common prefix when the model takes custom masks (and, with
+    ``only_if_cheaper``, when :func:`sharing_pays`); otherwise (or with ``groups=None``) they are
+    packed side by side.
+    """
+    device = next(model.parameters()).device
+    lengths = torch.tensor([len(s) for s in sequences])
+    first = torch.as_tensor(list(first_targets), dtype=torch.long)
+    if bool((first < 1).any()) or bool((first > lengths).any()):
+        raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
+    if (groups is not None and supports_custom_masks(model)
+            and (not only_if_cheaper
+                 or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model)))):
+        packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
+        inputs, rows, columns = packed.model_inputs(model), packed.rows, packed.columns
+    else:
+        plain = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
+        inputs, rows = plain.model_inputs(), plain.rows
+        steps = torch.arange(int(lengths.max()))
+        columns = torch.where(steps[None, :] < lengths[:, None], plain.starts[:, None] + steps[None, :], -1)
+    width_in = inputs["input_ids"].shape[1]
+    logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
+
+    width = int((lengths - first).max())
+    j = torch.arange(width)
+    valid = j[None, :] < (lengths - first)[:, None]
+    targets_at = (first[:, None] + j[None, :]).clamp(max=columns.shape[1] - 1)
+    padded = torch.full(columns.shape, pad_token_id, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        padded[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    targets = padded.gather(1, targets_at)[valid]
+    predicted_at = columns.gather(1, targets_at - 1)[valid]
+    keys = (rows[:, None].expand_as(valid)[valid] * width_in + predicted_at).to(device)
+    targets = targets.to(device)
+    # One label per logits position; where a shared position predicts two tokens (a branch point),
+    # the other tokens are scored from a gathered copy of just those rows.
+    labels = torch.full((logits.shape[0] * width_in,), -100, dtype=torch.long, device=device)
+    labels[keys] = targets
+    primary = labels[keys] == targets
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    values = selective_log_softmax(logits, labels.view(logits.shape[:2]), temperature=temperature).view(-1)[keys]
+    if not bool(primary.all()):
+        extra = (~primary).nonzero().squeeze(-1)
+        scored = selective_log_softmax(flat_logits[keys[extra]], targets[extra], temperature=temperature)
+        values = torch.where(primary, values, torch.zeros_like(values).index_put((extra,), scored))
+    valid = valid.to(device)
+    logps = torch.zeros(valid.shape, dtype=values.dtype, device=device).masked_scatter(valid, values)
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            ent = entropy_from_logits(logits, temperature=temperature).view(-1)[keys]
+            entropy = torch.zeros(valid.shape, dtype=ent.dtype, device=device).masked_scatter(valid, ent)
+    return logps, valid, entropy
+
+
+def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
+                        temperature: float, row_tokens: int, pad_token_id: int, with_entropy: bool = False,
+                        entropy_grad: bool = False, share_prompts: bool | Literal["auto"] = True
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies) of each completion given its prompt, shape (N, C).
+
+    The prompt+completion sequences are packed; with ``share_prompts`` the completions of one prompt
+    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`);
+    ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`).
+    Position j of row i scores ``completions[i][j]``; positions past a completion's length are 0.
+    """
+    index: dict[tuple[int, ...], int] = {}
+    groups = [index.setdefault(tuple(p), len(index)) for p in prompts] if share_prompts else None
+    logps, _, entropy = token_logprobs(
+        model, [p + c for p, c in zip(prompts, completions, strict=True)], first_targets=[len(p) for p in prompts],
+        groups=groups, temperature=temperature, row_tokens=row_tokens, pad_token_id=pad_token_id,
+        with_entropy=with_entropy, entropy_grad=entropy_grad, only_if_cheaper=share_prompts == "auto")
+    return logps, entropy
+
+
+def example_logprobs(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
+                         pad_token_id: int, packing: bool = True, groups: Sequence[int] | None = None,
+                         only_if_cheaper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each example's loss tokens, from one forward pass.
+
+    Returns ``(token_logps, mask)``, both shape (N, T): ``token_logps[i, j]`` is the log-prob of the
+    j-th token of example i from its first loss token on, where ``mask[i, j]`` (that token is a loss
+    token), 0 elsewhere. Packed by default; examples with the same ``groups`` id (a pair's chosen and
+    rejected) then share their common prefix (:mod:`tether.data.prefix_sharing`). With
+    ``packing=False`` one right-padded row per example.
+    """
+    if not packing:
+        return _padded_example_logprobs(model, examples, pad_token_id=pad_token_id)
+    first = [next((t for t, label in enumerate(e.labels) if t > 0 and label != -100), len(e)) for e in examples]
+    logps, valid, _ = token_logprobs(model, [e.input_ids for e in examples], first_targets=first,
+                                              groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id,
+                                              only_if_cheaper=only_if_cheaper)
+    scored = torch.zeros(valid.shape, dtype=torch.bool)
+    for i, (e, f) in enumerate(zip(examples, first, strict=True)):
+        scored[i, : len(e) - f] = torch.tensor(e.labels[f:], dtype=torch.long) != -100
+    mask = scored.to(valid.device) & valid
+    return torch.where(mask, logps, 0.0), mask
+
+
+def _padded_example_logprobs(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, pad_token_id: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    device = next(model.parameters()).device
+    packed, attention_mask = layout_sequences([e.input_ids for e in examples], packing=False,
+                                              row_tokens=0, pad_token_id=pad_token_id)
+    labels = torch.full_like(packed.input_ids, -100)
+    for i, e in enumerate(examples):
+        labels[i, : len(e) - 1] = torch.tensor(e.labels[1:], dtype=torch.long)
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in packed.model_inputs().items()}
+    logits = model(**inputs, attention_mask=attention_mask.to(device)).logits
+    token_logps = selective_log_softmax(logits, labels.to(device))[:, :-1]
+    mask = (labels != -100)[:, :-1].to(device)
+    return torch.where(mask, token_logps, 0.0), mask
+
+
+def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
+                ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
+                packing: bool = True, prefix_sharing: bool | str = True) -> PreferenceInputs:
+    """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
+    a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
+    (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
+    b = len(pairs)
+    tok, mask = pair_logprobs(model, pairs, row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing,
+                                 prefix_sharing=prefix_sharing)
+    logps = sequence_logprobs(tok, mask, average=False)
+    lengths = mask.sum(-1).float()
+    weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if wpo else None
+    return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
+                            weights=weights)
+
+
+def pair_logprobs(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,
+                     packing: bool = True, prefix_sharing: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``example_logprobs`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``
+    (``prefix_sharing="auto"``: shared only where that is cheaper)."""
+    groups = list(range(len(pairs))) * 2 if prefix_sharing else None
+    return example_logprobs(model, [p.chosen for p in pairs] + [p.rejected for p in pairs], row_tokens=row_tokens,
+                            pad_token_id=pad_token_id, packing=packing, groups=groups,
+                            only_if_cheaper=prefix_sharing == "auto")
