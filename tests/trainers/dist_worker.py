@@ -1,9 +1,9 @@
-"""One tiny SFT, DPO or GRPO run, the same in one process and under ``torchrun`` (used by test_parallel.py).
+"""One tiny SFT, DPO, GRPO or PPO run, the same in one process and under ``torchrun`` (used by test_parallel.py).
 
 ``python dist_worker.py OUT TRAINER:STRATEGY[,...] [--steps N] [--save-every N] [--resume]`` in one
 process, or ``torchrun --nproc_per_node=2 dist_worker.py ...``; each job writes ``OUT/<strategy>``.
 The global batch is fixed whatever the number of ranks W: each rank takes ``GLOBAL_MICRO_BATCHES / W``
-micro-batches (grad_accum), or for GRPO ``PROMPTS / W`` prompts. GRPO's rollouts come from a
+micro-batches (grad_accum), or for GRPO and PPO ``PROMPTS / W`` prompts. RL rollouts come from a
 scripted engine, so that the samples do not depend on how the prompts are split over ranks
 (HFEngine draws from one generator per call). After training, rank 0 writes
 ``OUT/<strategy>/<trainer>/placements.json``: how the parameters are laid out.
@@ -68,6 +68,22 @@ def build(trainer: str, strategy: str, out: Path, steps: int, save_every: int | 
         cfg = DPOConfig(**common, loss="sigmoid", beta=0.5,
                         data={"task": {"n": 24, "eval_n": 4}, "pack_length": 256}, train={**train, "batch_size": 2})
         return PreferenceTrainer(cfg, model, tokenizer, out, stage=trainer)
+    rl = {"data": {"task": {"name": "arithmetic", "n": 32}}, "train": {**train, "grad_accum": 1, "batch_size": PROMPTS // world},
+          "rewards": [{"name": "accuracy", "kwargs": {"task": "arithmetic"}}]}
+    if trainer == "ppo":
+        from tether.config.rl import PPOConfig
+        from tether.trainers.ppo import PPOTrainer
+
+        # batch-normalised scores, whitened GAE advantages and an adaptive beta: all over the whole job's batch.
+        # AdamW with eps 1: an update linear in the gradient, so float noise is not amplified (as Adam's
+        # g / sqrt(v) does for near-zero gradients) and the final weights can be compared too
+        common = {**common, "optim": {"lr": 0.05, "eps": 1.0, "schedule": "constant"}}
+        cfg = PPOConfig(**common, **rl, critic={"init": "policy", "coef": 0.5}, rollout={"group_size": 2,
+                        "max_new_tokens": 8}, reward_norm="batch", entropy_coef=0.01, num_iterations=2,
+                        kl={"coef": 0.05, "controller": "adaptive", "target": 0.5, "horizon": 8})
+        trainer_ = PPOTrainer(cfg, model, tokenizer, out, stage=trainer)
+        trainer_.engine = ScriptedEngine(tokenizer)
+        return trainer_
     from tether.config.rl import GRPOConfig
     from tether.trainers.rl import RLTrainer
 

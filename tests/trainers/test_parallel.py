@@ -139,6 +139,41 @@ def test_dpo_and_grpo_match_single_process(tmp_path):
             check_matches(tmp_path / "one" / "ddp", tmp_path / "two" / strategy, stage, strategy)
 
 
+def final_weights(run: Path, stage: str) -> dict[str, torch.Tensor]:
+    """The stage's exported policy and (PPO) critic weights."""
+    from safetensors.torch import load_file
+
+    files = sorted((run / stage).glob("model*.safetensors")) + sorted((run / stage / "value").glob("model*.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        out.update({f"{file.parent.name}/{k}": v for k, v in load_file(file).items()})
+    return out
+
+
+def metric(run: Path, stage: str, key: str) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r[key] for r in records if r["stage"] == stage and key in r}
+
+
+def test_ppo_matches_single_process(tmp_path):
+    """PPO on 2 ranks (DDP) is the single-process run: the same losses and critic losses per step (reward
+    normalisation, GAE whitening and the adaptive KL coefficient use the whole job's batch), and the same
+    final policy and critic weights (the worker's AdamW has eps 1, so an update is linear in the gradient)."""
+    run_worker(tmp_path / "one", "ppo:ddp", nproc=1)
+    run_worker(tmp_path / "two", "ppo:ddp", nproc=2)
+    one, two = tmp_path / "one" / "ddp", tmp_path / "two" / "ddp"
+    check_matches(one, two, "ppo", "ddp")
+    for key in ("value/loss", "grad_norm", "advantage/advantage_std", "kl_coef", "kl/sequence", "entropy"):
+        expected, got = metric(one, "ppo", key), metric(two, "ppo", key)
+        assert expected.keys() == got.keys() and len(expected) == 3, key
+        for step in expected:  # absolute slack for values at float noise (the KL of step 1 is ~1e-7 or 0)
+            assert got[step] == pytest.approx(expected[step], rel=RTOL, abs=1e-6), (key, step)
+    a, b = final_weights(one, "ppo"), final_weights(two, "ppo")
+    assert a.keys() == b.keys() and any(k.startswith("value/") for k in a)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
+
+
 def test_sharded_checkpoint_exports_to_the_hugging_face_layout(single, tmp_path):
     from transformers import AutoModelForCausalLM
 
