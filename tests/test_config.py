@@ -35,3 +35,23 @@ def test_overrides_parse_yaml_values():
         parse_overrides(["novalue"])
     with pytest.raises(ConfigError, match="not a mapping"):
         apply_override({"a": 1}, "a.b", 2)
+
+
+def test_a_stage_names_its_task_once():
+    """The stage's task fills every task source and evaluation block that names none; a block that names
+    its own keeps it; task-aware reward functions get it as defaults."""
+    from tether.config import GRPOConfig
+    from tether.scoring import local_reward_composer
+
+    task = {"name": "arithmetic", "options": {"digits": 3, "operators": "+"}}
+    cfg = GRPOConfig(task=task, data={"task": {"n": 40}}, eval={"n": 5})
+    assert (cfg.data.task.name, cfg.data.task.options, cfg.data.task.n) == ("arithmetic", task["options"], 40)
+    assert (cfg.eval.task, cfg.eval.options) == ("arithmetic", task["options"])
+    own = GRPOConfig(task=task, data={"task": {"name": "multiplication"}}, eval={"options": {"digits": 2}})
+    assert (own.data.task.name, own.data.task.options) == ("multiplication", {})  # its own task, its own options
+    assert (own.eval.task, own.eval.options) == ("arithmetic", {"digits": 2})
+    composer = local_reward_composer(cfg.rewards + [{"name": "format"}], defaults=cfg.reward_defaults())
+    assert composer.kwargs == [{"task": "arithmetic", "task_options": task["options"]}, {}]
+    explicit = local_reward_composer([{"name": "accuracy", "kwargs": {"task": "code"}}], defaults=cfg.reward_defaults())
+    assert explicit.kwargs == [{"task": "code"}]  # a reward naming its own task takes none of the stage's
+    assert GRPOConfig().reward_defaults() == {} and GRPOConfig().data.task.name == "arithmetic"

@@ -142,12 +142,13 @@ def plot_best_of_n(results: dict[str, float], path: str | Path, *, title: str = 
 
 def run_best_of_n(model: Any, cfg: EvalConfig, ns: Sequence[int], scorers: dict[str, Any], *,
                   tokenizer: Any = None, corpus: str | Path | None = None, plot: str | Path | None = None,
-                  progress: bool = True) -> dict[str, float]:
+                  progress: bool = True, defaults: dict[str, Any] | None = None) -> dict[str, float]:
     """:func:`evaluate_best_of_n` from a model path (or loaded model + ``tokenizer``) and scorer configs
-    (:class:`~tether.config.ScorerConfig` or dicts, or ready scorer functions), with a plot if asked."""
+    (:class:`~tether.config.ScorerConfig` or dicts, or ready scorer functions), with a plot if asked.
+    ``defaults``: options for the task-aware reward functions of the scorers it builds (a stage's task)."""
     model, tokenizer = resolve_model(model, tokenizer, ModelConfig())
     model.eval()
-    built = {label: build_scorer(spec) for label, spec in scorers.items()}
+    built = {label: build_scorer(spec, defaults=defaults) for label, spec in scorers.items()}
     results = evaluate_best_of_n(model, tokenizer, cfg, ns, built, corpus=corpus, progress=progress)
     if plot is not None:
         plot_best_of_n(results, plot, title=f"best-of-n, {cfg.task}")

@@ -81,11 +81,13 @@ def top_k_per_prompt(records: Sequence[dict], scores: Sequence[float], k: int) -
 
 
 def filter_corpus(records: Sequence[dict], cfg: FilterConfig | dict | None = None,
-                  scorers: dict[str, RecordScorer] | None = None) -> tuple[list[dict], dict[str, float]]:
+                  scorers: dict[str, RecordScorer] | None = None, *, defaults: dict[str, Any] | None = None
+                  ) -> tuple[list[dict], dict[str, float]]:
     """Apply ``cfg`` to ``records``; returns the kept records (with their scores) and a summary.
 
     ``scorers`` (``{"verifier": fn, "reward_model": fn}``) replace the ones ``cfg`` would build, so a
-    caller can pass a loaded reward model or any Python function of records.
+    caller can pass a loaded reward model or any Python function of records; ``defaults``: options for
+    the task-aware reward functions of the scorers it builds (a stage's task).
     Summary: ``records``, ``kept``, ``kept_fraction``, ``prompts``, ``prompts_kept`` and one
     ``dropped/<reason>`` count per reason that dropped anything.
     """
@@ -102,7 +104,8 @@ def filter_corpus(records: Sequence[dict], cfg: FilterConfig | dict | None = Non
             alive.append(dict(record))
     for label, spec in (("verifier", cfg.verifier), ("reward_model", cfg.reward_model)):
         if spec is not None:
-            alive = _score_and_drop(alive, label, spec, scorers.get(label) or build_scorer(spec), dropped)
+            scorer = scorers.get(label) or build_scorer(spec, defaults=defaults)
+            alive = _score_and_drop(alive, label, spec, scorer, dropped)
     if cfg.max_per_prompt is not None:
         alive = _keep(alive, top_k_per_prompt(alive, _ranking(alive), cfg.max_per_prompt), "max_per_prompt",
                       dropped)

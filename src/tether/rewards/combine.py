@@ -190,8 +190,9 @@ class RewardComposer:
     counted in ``RewardResult.errors``. Protocol violations (wrong length, a value that is not a
     number or None) and missing dataset columns raise in both modes.
 
-    ``defaults``: keyword options given to every function that names them and whose spec does not
-    set them (a stage's ``task`` / ``task_options`` reach the task-aware rewards this way).
+    ``defaults``: keyword options given, as a group, to every function that names them and whose spec
+    sets none of them (a stage's ``task`` and ``task_options`` reach the task-aware rewards this way; a
+    reward naming its own ``task`` keeps its own options too).
     """
 
     def __init__(
@@ -222,7 +223,8 @@ class RewardComposer:
                     f"reward {label!r} does not accept option(s) {sorted(unknown)}; "
                     f"it accepts: {sorted(sig.named) or 'none'}"
                 )
-            inherited = {k: v for k, v in (defaults or {}).items() if k in sig.named and k not in spec.kwargs}
+            given = set(defaults or {}) & set(spec.kwargs)  # the defaults come as a group: a spec naming any keeps its own
+            inherited = {} if given else {k: v for k, v in (defaults or {}).items() if k in sig.named}
             self.kwargs.append({**inherited, **spec.kwargs})
 
     def score(

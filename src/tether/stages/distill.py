@@ -99,7 +99,7 @@ def generate(config: GenerateConfig | dict, *, out: str | Path, model: Any = Non
                             progress=cfg.train.progress)
     verifier = verifier or getattr(cfg, "verifier", None)
     if verifier is not None:
-        scores = build_scorer(verifier)(read_corpus(out))
+        scores = build_scorer(verifier, defaults=cfg.reward_defaults())(read_corpus(out))
         stats["sample_accuracy"] = sum(s is not None and s >= 1.0 for s in scores) / max(len(scores), 1)
     return stats
 
@@ -117,11 +117,12 @@ def filter_file(cfg: FilterStageConfig | dict, out_dir: str | Path) -> dict[str,
     cfg = cfg if isinstance(cfg, FilterStageConfig) else FilterStageConfig.model_validate(cfg)
     out_dir = Path(out_dir)
     records = read_corpus(cfg.input)
-    kept, summary = filter_corpus(records, cfg.filter)
+    kept, summary = filter_corpus(records, cfg.filter, defaults=cfg.reward_defaults())
     write_records(out_dir / "corpus.jsonl", sft_records(kept, chat=cfg.chat))
     if cfg.pairs is not None:
         usable = [r for r in records if isinstance(r.get("completion"), str) and r["completion"].strip()]
-        pairs = preference_pairs(usable, build_scorer(cfg.pairs.scorer)(usable), rule=cfg.pairs.rule,
+        score = build_scorer(cfg.pairs.scorer, defaults=cfg.reward_defaults())
+        pairs = preference_pairs(usable, score(usable), rule=cfg.pairs.rule,
                                  max_per_prompt=cfg.pairs.max_per_prompt, margin=cfg.pairs.margin,
                                  threshold=cfg.pairs.threshold)
         write_records(out_dir / "pairs.jsonl", pairs)
@@ -156,7 +157,7 @@ def _distill_round(cfg: SelfDistillConfig, run_dir: Path, round_: int, teacher: 
         return done["results"]
     stats = generate(cfg, out=round_dir / "samples.jsonl", model=teacher, resume=resume,
                      sampling_seed_offset=1000 * round_, verifier=cfg.filter.verifier)
-    kept, summary = filter_corpus(read_corpus(round_dir / "samples.jsonl"), cfg.filter)
+    kept, summary = filter_corpus(read_corpus(round_dir / "samples.jsonl"), cfg.filter, defaults=cfg.reward_defaults())
     if not kept:
         raise ValueError(f"{cfg.name} round {round_}: the filter kept none of {summary['records']} samples "
                          f"({summary}); sample more (sampling.n) or loosen the filter")
@@ -209,6 +210,6 @@ def run_best_of_n_stage(cfg: BestOfNConfig, run_dir: Path, resume: bool) -> dict
     model, tokenizer = resolve_model(None, None, cfg.model)
     results = run_best_of_n(model, cfg.eval, cfg.ns, dict(cfg.scorers), tokenizer=tokenizer,
                             corpus=stage_dir / "samples.jsonl", plot=stage_dir / "best_of_n.png",
-                            progress=cfg.train.progress)
+                            progress=cfg.train.progress, defaults=cfg.reward_defaults())
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
     return results
