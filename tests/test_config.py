@@ -50,7 +50,7 @@ def test_a_stage_names_its_task_once():
     own = GRPOConfig(task=task, data={"task": {"name": "multiplication"}}, eval={"options": {"digits": 2}})
     assert (own.data.task.name, own.data.task.options) == ("multiplication", {})  # its own task, its own options
     assert (own.eval.task, own.eval.options) == ("arithmetic", {"digits": 2})
-    composer = local_reward_composer(cfg.rewards + [{"name": "format"}], defaults=cfg.reward_defaults())
+    composer = local_reward_composer([*cfg.rewards, {"name": "format"}], defaults=cfg.reward_defaults())
     assert composer.kwargs == [{"task": "arithmetic", "task_options": task["options"]}, {}]
     explicit = local_reward_composer([{"name": "accuracy", "kwargs": {"task": "code"}}], defaults=cfg.reward_defaults())
     assert explicit.kwargs == [{"task": "code"}]  # a reward naming its own task takes none of the stage's

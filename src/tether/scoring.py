@@ -133,7 +133,7 @@ def reward_composer(specs: Sequence[RewardSpec | dict | Callable], *, on_error: 
 # ---- the scorer ----------------------------------------------------------------------------------------
 
 
-def record_columns(records: Sequence[dict]) -> dict[str, list]:
+def corpus_columns(records: Sequence[dict]) -> dict[str, list]:
     """Columns every record has (``answer``, say), passed to reward functions as keyword lists."""
     keys = set.intersection(*(set(r) for r in records)) - set(NOT_COLUMNS) if records else set()
     return {k: [r[k] for r in records] for k in sorted(keys) if "/" not in k}
@@ -180,7 +180,7 @@ class Scorer:
         """Scores of corpus records (``prompt``, ``completion`` and their other columns)."""
         if not records:
             return []
-        return self([r["prompt"] for r in records], [r["completion"] for r in records], record_columns(records))
+        return self([r["prompt"] for r in records], [r["completion"] for r in records], corpus_columns(records))
 
     def score_groups(self, prompts: list[str], questions: list[str], completions: list[str],
                      columns: dict[str, list], k: int) -> tuple[list[float | None], dict[str, float]]:

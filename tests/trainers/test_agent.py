@@ -8,8 +8,8 @@ import torch
 from tether.data import tokenize_sft
 from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
-from tether.rollout.agent import demonstration_records
 from tether.models import build_tiny
+from tether.rollout.agent import demonstration_records
 from tether.trainers.agent import AgentConfig, AgentRLTrainer, gigpo_token_advantages
 
 ENV = {"task": {"name": "multiplication", "options": {"digits": 2}, "n": 64}, "tools": ["calculator"],

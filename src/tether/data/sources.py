@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,9 @@ def training_prompts(data: PromptDataConfig, records: list[dict] | None, tokeniz
     """:func:`prompt_texts` and the prompts' token ids (chat-templated with ``data.chat``)."""
     records, prompts = prompt_texts(data, records, stage)
     return records, prompts, tokenize_prompts(prompts, tokenizer, chat=data.chat)
+
+
+def record_columns(records: Sequence[dict], exclude: Sequence[str] = ("prompt",)) -> dict[str, list]:
+    """The records' fields but ``exclude`` as columns: one list per field of the first record, aligned with
+    the records (the keyword lists reward functions take)."""
+    return {k: [r.get(k) for r in records] for k in records[0] if k not in exclude}

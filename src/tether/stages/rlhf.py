@@ -31,6 +31,7 @@ import torch
 from tether.config.rlhf import GoldDataConfig, OverOptimizationConfig
 from tether.data import tokenize_prompts
 from tether.data.files import write_jsonl_atomic
+from tether.data.sources import record_columns
 from tether.models.loading import resolve_model
 from tether.rollout import HFEngine, SamplingParams
 from tether.scoring import reward_composer
@@ -90,7 +91,7 @@ def best_of_n(cfg: OverOptimizationConfig) -> dict[str, float]:
         SamplingParams(n=size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                        top_k=cfg.rollout.top_k, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed))
     prompt_of = [prompts[i] for i in rollout.prompt_index]
-    columns = {k: [records[i].get(k) for i in rollout.prompt_index] for k in records[0] if k != "prompt"}
+    columns = record_columns([records[i] for i in rollout.prompt_index])
     defaults = cfg.reward_defaults()
     proxy = reward_composer(cfg.rewards, defaults=defaults).score(prompt_of, rollout.texts, columns).total
     proxy = proxy.nan_to_num(float("-inf"))

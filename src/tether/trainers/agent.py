@@ -30,6 +30,7 @@ import torch
 from tether.config.agent import AgentConfig, GiGPOConfig
 from tether.core.advantages import AdvantageOutputs
 from tether.core.gigpo import discounted_step_returns, step_group_advantages
+from tether.data.sources import record_columns
 from tether.evaluation import evaluate_agent
 from tether.rollout.agent import (
     AgentLoop,
@@ -69,7 +70,7 @@ class AgentRLTrainer(RLTrainer):
     def score(self, indices: list[int], rollout: AgentRollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions on the final answers, with the trajectories as the ``trajectory`` column."""
         records = [t.task for t in rollout.trajectories]
-        columns = {k: [r.get(k) for r in records] for k in records[0] if k not in ("prompt", "plan", "solution")}
+        columns = record_columns(records, exclude=("prompt", "plan", "solution"))
         columns["trajectory"] = rollout.trajectories
         result = self.rewards.score([r["prompt"] for r in records],
                                     [t.answer or "" for t in rollout.trajectories], columns)

@@ -36,10 +36,6 @@ def all_reduce_sum(value: float | torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_mean(value: float | torch.Tensor) -> torch.Tensor:
-    return all_reduce_sum(value) / DistInfo.current().world_size
-
-
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -38,7 +38,6 @@ makes no pair; their share is ``round/match_rate``, which approaches 1 as the mo
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import random
@@ -54,7 +53,8 @@ from tether.core.pairing import make_pairs
 from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, write_jsonl_atomic
 from tether.data.pairs import tokenize_pairs
 from tether.data.schedule import BatchSchedule, chunks
-from tether.data.sources import training_prompts
+from tether.data.sources import record_columns, training_prompts
+from tether.models.loading import frozen_copy
 from tether.models.logprobs import preference_inputs
 from tether.rollout import HFEngine, Rollout, SamplingParams
 from tether.scoring import Scorer, reward_composer
@@ -99,10 +99,7 @@ class OnlinePreferenceTrainer(Trainer):
         cfg = self.config
         if not cfg.needs_reference or cfg.reference == "round" or hasattr(self.model, "disable_adapter"):
             return None
-        ref = copy.deepcopy(self.model).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
+        return frozen_copy(self.model)
 
     def extra_state(self) -> dict[str, Any]:
         return {"skipped_updates": self.skipped_updates}
@@ -153,7 +150,7 @@ class OnlinePreferenceTrainer(Trainer):
         generated = time.perf_counter()
         rows = [self.records[indices[g]] for g in rollout.prompt_index]
         prompts = [self.prompts[indices[g]] for g in rollout.prompt_index]
-        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != "prompt"}
+        columns = record_columns(rows)
         scores, figures = self.scorer.score_groups(prompts, [row["prompt"] for row in rows], rollout.texts, columns, k)
         audit = self.audit.score(prompts, rollout.texts, columns).total.tolist() if self.audit else None
         samples = self._sample_rows(indices, rollout, scores, audit)

@@ -34,6 +34,7 @@ import torch
 
 from tether.config.rl import PPOConfig
 from tether.core.kl import kl_penalty
+from tether.data.sources import record_columns
 from tether.data.tokenize import tokenize_prompts
 from tether.evaluation import evaluate_task
 from tether.rollout import SamplingParams
@@ -72,7 +73,7 @@ class PPOTrainer(RLTrainer):
         greedy = self.engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=cfg.eval.max_new_tokens))
         for suffix, rollout in (("", sampled), ("_greedy", greedy)):
             prompt_of = [prompts[i] for i in rollout.prompt_index]
-            columns = {k: [records[i].get(k) for i in rollout.prompt_index] for k in records[0] if k != "prompt"}
+            columns = record_columns([records[i] for i in rollout.prompt_index])
             for name, composer in (("proxy", self.rewards), ("gold", self.gold)):
                 if composer is not None:
                     figures[name + suffix] = float(composer.score(prompt_of, rollout.texts, columns).total.nanmean())

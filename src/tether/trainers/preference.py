@@ -161,22 +161,22 @@ class PreferenceTrainer(Trainer):
                 "eval_chosen": [p.chosen for p in self.eval_pairs],
                 "eval_rejected": [p.rejected for p in self.eval_pairs]}
 
-    def token_logps(self, examples: Sequence[TokenizedExample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def example_logprobs(self, examples: Sequence[TokenizedExample]) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`~tether.models.logprobs.example_logprobs` under the current model, laid out as ``config.data`` says."""
         data = self.config.data
         return example_logprobs(self.model, examples, row_tokens=data.pack_length,
                                     pad_token_id=self.tokenizer.pad_token_id, packing=data.packing)
 
     @torch.no_grad()
-    def sequence_logps(self, examples: Sequence[TokenizedExample]) -> torch.Tensor:
+    def summed_logprobs(self, examples: Sequence[TokenizedExample]) -> torch.Tensor:
         """Summed completion log-probs under the current weights, without gradients, in chunks."""
         self.model.eval()
         size = 2 * self.config.train.batch_size
-        out = [sequence_logprobs(*self.token_logps(chunk), average=False) for chunk in chunks(list(examples), size)]
+        out = [sequence_logprobs(*self.example_logprobs(chunk), average=False) for chunk in chunks(list(examples), size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
 
     @torch.no_grad()
-    def pair_sequence_logps(self, pairs: Sequence[PairExample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def summed_pair_logprobs(self, pairs: Sequence[PairExample]) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed completion log-probs of chosen and of rejected under the current weights, in chunks
         laid out as in training (a pair's common prefix shared)."""
         self.model.eval()
@@ -213,14 +213,14 @@ class PreferenceTrainer(Trainer):
             # per fixed micro-batch: the same packing as the training forward
             logps = torch.full((len(self.examples), 2), float("nan"))
             for group in self.schedule.fixed_batches():
-                both = self.sequence_logps([self.examples[i].example for i in group]
+                both = self.summed_logprobs([self.examples[i].example for i in group]
                                            + [self.kl_examples[i] for i in group])
                 logps[group] = torch.stack([both[: len(group)], both[len(group):]], -1)
-            ref = {"train": logps, **{k: self.sequence_logps(v) for k, v in sets.items() if k.startswith("eval")}}
+            ref = {"train": logps, **{k: self.summed_logprobs(v) for k, v in sets.items() if k.startswith("eval")}}
         else:
             ref = {}
             for split, pairs in (("train", self.examples), ("eval", self.eval_pairs)):
-                ref[f"{split}_chosen"], ref[f"{split}_rejected"] = self.pair_sequence_logps(pairs)
+                ref[f"{split}_chosen"], ref[f"{split}_rejected"] = self.summed_pair_logprobs(pairs)
         self.ref = ref
         if self.dist.is_main:
             self.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +256,7 @@ class PreferenceTrainer(Trainer):
     def unpaired_loss(self, idx: list[int], global_examples: float) -> tuple[torch.Tensor, dict]:
         cfg = self.config
         b = len(idx)
-        tok, mask = self.token_logps([self.examples[i].example for i in idx] + [self.kl_examples[i] for i in idx])
+        tok, mask = self.example_logprobs([self.examples[i].example for i in idx] + [self.kl_examples[i] for i in idx])
         logps = sequence_logprobs(tok, mask, average=False)
         ref = self.ref["train"][idx].to(logps.device)
         desirable = torch.tensor([self.examples[i].desirable for i in idx], device=logps.device)
@@ -276,8 +276,8 @@ class PreferenceTrainer(Trainer):
     def preference_figures(self) -> dict[str, float]:
         """Held-out implicit-reward accuracy and margin."""
         if self.eval_pairs:
-            chosen = self.sequence_logps([p.chosen for p in self.eval_pairs])
-            rejected = self.sequence_logps([p.rejected for p in self.eval_pairs])
+            chosen = self.summed_logprobs([p.chosen for p in self.eval_pairs])
+            rejected = self.summed_logprobs([p.rejected for p in self.eval_pairs])
             if self.config.needs_reference:
                 r_c = self.beta * (chosen - self.ref["eval_chosen"])
                 r_r = self.beta * (rejected - self.ref["eval_rejected"])
@@ -292,7 +292,7 @@ class PreferenceTrainer(Trainer):
             return {"implicit_accuracy": float((r_c > r_r).float().mean()), "implicit_margin": float((r_c - r_r).mean()),
                     "rewards/chosen": float(r_c.mean()), "rewards/rejected": float(r_r.mean())}
         if self.eval_unpaired:
-            rewards = self.beta * (self.sequence_logps([u.example for u in self.eval_unpaired])
+            rewards = self.beta * (self.summed_logprobs([u.example for u in self.eval_unpaired])
                                    - self.ref["eval_unpaired"])
             desirable = torch.tensor([u.desirable for u in self.eval_unpaired])
             good, bad = rewards[desirable].mean(), rewards[~desirable].mean()

@@ -19,7 +19,6 @@ more than one update uses a rollout (or the KL goes into the reward), and equal 
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -35,7 +34,8 @@ from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advant
 from tether.core.aggregation import agg_loss, masked_mean, num_seqs, num_tokens
 from tether.core.kl import KL_CONTROLLERS, kl_penalty
 from tether.core.policy_loss import POLICY_LOSSES, value_loss_clipped
-from tether.data.sources import training_prompts
+from tether.data.sources import record_columns, training_prompts
+from tether.models.loading import frozen_copy
 from tether.models.logprobs import completion_logprobs
 from tether.models.value_model import build_actor_critic, completion_values
 from tether.rewards import RunningMoments, overlong_penalty, shape_scores
@@ -137,10 +137,7 @@ class RLTrainer(Trainer):
         with the adapter disabled is the reference)."""
         if not self.needs_reference() or hasattr(self.policy, "disable_adapter"):
             return None
-        ref = copy.deepcopy(self.policy).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
+        return frozen_copy(self.policy)
 
     def extra_state(self) -> dict[str, Any]:
         return {"running_baseline": self.running_baseline, "prompt_cursor": self.prompt_cursor,
@@ -180,7 +177,7 @@ class RLTrainer(Trainer):
         """Each sample's prompt and its record's other columns (``answer``, ...), for the reward functions."""
         records = [self.records[indices[i]] for i in rollout.prompt_index]
         prompts = [self.prompts[indices[i]] for i in rollout.prompt_index]
-        return prompts, {k: [r.get(k) for r in records] for k in records[0] if k != "prompt"}
+        return prompts, record_columns(records)
 
     def score(self, indices: list[int], rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions' weighted sum per sample (NaN: none), plus DAPO's overlong term when on."""
