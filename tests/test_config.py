@@ -55,3 +55,23 @@ def test_a_stage_names_its_task_once():
     explicit = local_reward_composer([{"name": "accuracy", "kwargs": {"task": "code"}}], defaults=cfg.reward_defaults())
     assert explicit.kwargs == [{"task": "code"}]  # a reward naming its own task takes none of the stage's
     assert GRPOConfig().reward_defaults() == {} and GRPOConfig().data.task.name == "arithmetic"
+
+
+def test_temperature_zero_means_greedy_everywhere():
+    """One semantics: 0 is greedy wherever sampling is configured; stages that need distinct samples refuse it
+    with the reason."""
+    from tether.config import AgentEvalConfig, AILabelsConfig, EvalConfig, OnlineDPOConfig, RolloutConfig, SamplingConfig
+    from tether.config.distill import CorpusSamplingConfig
+    from tether.config.preference import SPINRolloutConfig
+    from tether.config.rewards import JudgeSamplingConfig
+
+    for cls in (SamplingConfig, CorpusSamplingConfig, JudgeSamplingConfig, SPINRolloutConfig):
+        assert cls(temperature=0).params().is_greedy
+    assert EvalConfig(temperature=0).temperature == 0 and AgentEvalConfig(temperature=0).temperature == 0
+    assert JudgeSamplingConfig().params().is_greedy and not SamplingConfig().params().is_greedy
+    with pytest.raises(ValueError, match="log-probs are taken at the sampling temperature"):
+        RolloutConfig(temperature=0)
+    with pytest.raises(ValueError, match="one response K times"):
+        OnlineDPOConfig(rollout={"temperature": 0})
+    with pytest.raises(ValueError, match="two greedy responses are the same"):
+        AILabelsConfig(sampling={"temperature": 0})

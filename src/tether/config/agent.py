@@ -57,7 +57,7 @@ class AgentEvalConfig(StrictModel):
     n: int = Field(200, ge=1, description="held-out tasks")
     seed: int = Field(0, description="which held-out tasks (and samples)")
     samples: int = Field(0, ge=0, description="sampled episodes per task beside the greedy one")
-    temperature: float = Field(1.0, gt=0, description="sampled episodes' temperature")
+    temperature: float = Field(1.0, ge=0, description="sampled episodes' temperature (0: greedy)")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
     batch_size: int | None = Field(None, ge=1, description="episodes decoded together; None: all")
 

@@ -108,8 +108,8 @@ class EvalConfig(StrictModel):
     seed: int = Field(0, description="which held-out problems (and pass@k samples)")
     max_new_tokens: int = Field(64, ge=1, description="tokens generated per answer")
     samples: int = Field(1, ge=1, description="k for pass@k (sampled at temperature)")
-    temperature: float = Field(1.0, gt=0, description="pass@k sampling temperature (the greedy accuracy is always "
-                                                      "computed too)")
+    temperature: float = Field(1.0, ge=0, description="pass@k sampling temperature (0: greedy; the greedy accuracy "
+                                                      "is always computed too)")
     batch_size: int = Field(64, ge=1, description="prompts decoded together")
     chat: bool = Field(False, description="wrap prompts in the chat template")
     prompt_template: str = Field("{prompt}", description="how a problem becomes the prompt, e.g. '{prompt}<think>'")
