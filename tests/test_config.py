@@ -60,7 +60,14 @@ def test_a_stage_names_its_task_once():
 def test_temperature_zero_means_greedy_everywhere():
     """One semantics: 0 is greedy wherever sampling is configured; stages that need distinct samples refuse it
     with the reason."""
-    from tether.config import AgentEvalConfig, AILabelsConfig, EvalConfig, OnlineDPOConfig, RolloutConfig, SamplingConfig
+    from tether.config import (
+        AgentEvalConfig,
+        AILabelsConfig,
+        EvalConfig,
+        OnlineDPOConfig,
+        RolloutConfig,
+        SamplingConfig,
+    )
     from tether.config.distill import CorpusSamplingConfig
     from tether.config.preference import SPINRolloutConfig
     from tether.config.rewards import JudgeSamplingConfig
