@@ -346,3 +346,18 @@ def test_gae_matches_a_ppo_rlhf_reference_loop_on_right_padded_rows():
     whitened = compute_advantages("gae", inputs, gamma=gamma, lam=lam, whiten=True)
     torch.testing.assert_close(whitened.advantages, _loop_whiten(expected, mask), atol=1e-5, rtol=1e-5)
     assert whitened.metrics["returns_mean"].item() == pytest.approx(float((expected + values)[mask != 0].mean()))
+
+
+def test_estimators_declare_the_inputs_they_read_beyond_rewards():
+    """A trainer asks the registry what to prepare: ReMax a greedy rollout's rewards, GAE a critic's values."""
+    from tether.core.advantages import ADVANTAGE_ESTIMATORS
+    from tether.core.registry import Registry
+
+    assert ADVANTAGE_ESTIMATORS.needs("remax") == {"baseline_rewards"}
+    assert ADVANTAGE_ESTIMATORS.needs("gae") == {"values"}
+    assert all(not ADVANTAGE_ESTIMATORS.needs(n) for n in ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp"))
+    with pytest.raises(KeyError, match="valid names"):
+        ADVANTAGE_ESTIMATORS.needs("nope")
+    registry = Registry("thing")
+    registry.register("a", "alias", needs=("x",))(lambda: None)
+    assert registry.needs("alias") == {"x"}

@@ -7,7 +7,7 @@ import pytest
 
 from tether.config.rewards import JudgeSamplingConfig
 from tether.models import build_tiny
-from tether.rewards import RewardSpec
+from tether.rewards import REWARD_FUNCTIONS, RewardComposer, RewardFunctionError, RewardSpec
 from tether.rewards.cai import (
     combine_orders,
     critique_and_revise,
@@ -166,3 +166,8 @@ def test_the_judge_reward_is_the_normalised_pointwise_score():
     with pytest.raises(ValueError, match="does not accept"):
         reward_composer([RewardSpec("judge", 1.0, {"judge": judge, "normalise": True})])
     assert len(load_constitution("default")) >= 5
+    # the entry declares that it needs a judge: tether.scoring builds one from the block; the bare composer
+    # of tether.rewards builds no engine and says where a block is built
+    assert REWARD_FUNCTIONS.needs("judge") == {"judge"}
+    with pytest.raises(RewardFunctionError, match=r"tether\.scoring\.reward_composer"):
+        RewardComposer([RewardSpec("judge", 1.0, {"judge": judge})]).score(PROMPTS, completions)

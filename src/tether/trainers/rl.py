@@ -271,11 +271,10 @@ class RLTrainer(Trainer):
         rollout is used more than once (or the KL enters the reward), the reference's when a KL term is kept,
         the critic's values when there is one."""
         cfg = self.config
-        keeps_reference = self.ref_model is not None or (self.needs_reference() and hasattr(self.policy, "disable_adapter"))
         reuse = cfg.num_iterations > 1 or cfg.mini_batches > 1
-        if keeps_reference:
+        if self.needs_reference():  # the frozen copy, or the base model with the LoRA adapter off
             batch.ref_logprobs = self.frozen_logprobs(batch.rollout, reference=True)
-        if reuse or (keeps_reference and cfg.kl.in_reward):
+        if reuse or (batch.ref_logprobs is not None and cfg.kl.in_reward):
             behaviour = self.frozen_logprobs(batch.rollout, reference=False)
             batch.old_logprobs = behaviour if reuse else None
             if batch.ref_logprobs is not None:
