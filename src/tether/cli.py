@@ -114,7 +114,7 @@ def print_results(results: dict[str, dict]) -> None:
 @app.command("recipes")
 def recipes_cmd() -> None:
     """List the built-in recipes."""
-    from tether.stages.pipeline import builtin_recipes, load_recipe
+    from tether.stages.recipes import builtin_recipes, load_recipe
 
     table = Table(title="built-in recipes")
     table.add_column("name")
@@ -136,7 +136,8 @@ def run_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a recipe (default: the R1-style default recipe) and print accuracy before and after."""
-    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+    from tether.stages.pipeline import run_recipe
+    from tether.stages.recipes import apply_recipe_overrides, load_recipe
 
     _setup_logging(verbose)
     overrides = list(overrides or [])

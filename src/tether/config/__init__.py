@@ -4,143 +4,91 @@
 optimiser, loop, task, evaluation), ``sampling`` (the one ``SamplingConfig``), ``data`` (where records
 come from), ``rewards`` (reward specs, judges, the scorer, pairs, filters), and one module per family
 of stage configs. ``core`` is the only part of tether a config imports (for registry names).
+
+The names below load their module on first use, so ``import tether.config.base`` (the CLI does, at start)
+does not import torch.
 """
 
-from tether.config.agent import (
-    AgentConfig,
-    AgentEvalConfig,
-    AgentLoopConfig,
-    AgentSFTConfig,
-    EnvironmentConfig,
-    GiGPOConfig,
-)
-from tether.config.base import (
-    ConfigError,
-    StrictModel,
-    apply_override,
-    deep_merge,
-    known_name,
-    load_yaml,
-    parse_overrides,
-    parse_value,
-)
-from tether.config.cai import AILabelsConfig, CorpusConfig, RLAIFConfig, SLCAIConfig
-from tether.config.common import (
-    EvalConfig,
-    LoopConfig,
-    LoraConfig,
-    ModelConfig,
-    OptimConfig,
-    StageConfig,
-    TaskSource,
-    TaskSpec,
-)
-from tether.config.data import (
-    DataConfig,
-    PairDataConfig,
-    PreferenceDataConfig,
-    PreferenceTaskSource,
-    PromptDataConfig,
-)
-from tether.config.distill import (
-    BestOfNConfig,
-    CorpusSamplingConfig,
-    EngineConfig,
-    FilterStageConfig,
-    GenerateConfig,
-    SelfDistillConfig,
-)
-from tether.config.preference import (
-    DPOConfig,
-    JudgeDataConfig,
-    OnlineDPOConfig,
-    PreferenceLossConfig,
-    RewardModelConfig,
-    SPINConfig,
-)
-from tether.config.rewards import (
-    FilterConfig,
-    JudgeConfig,
-    PairConfig,
-    RewardSpec,
-    ScoredPairsConfig,
-    ScorerConfig,
-)
-from tether.config.rl import (
-    ClipConfig,
-    CriticConfig,
-    GRPOConfig,
-    KLConfig,
-    PPOConfig,
-    RLConfig,
-    RolloutConfig,
-)
-from tether.config.rlhf import GoldDataConfig, OverOptimizationConfig
-from tether.config.sampling import SamplingConfig, SamplingParams
-from tether.config.sft import EvalStageConfig, PretrainConfig, SFTConfig
+from __future__ import annotations
 
-__all__ = [
-    "AILabelsConfig",
-    "AgentConfig",
-    "AgentEvalConfig",
-    "AgentLoopConfig",
-    "AgentSFTConfig",
-    "BestOfNConfig",
-    "ClipConfig",
-    "ConfigError",
-    "CorpusConfig",
-    "CorpusSamplingConfig",
-    "CriticConfig",
-    "DPOConfig",
-    "DataConfig",
-    "EngineConfig",
-    "EnvironmentConfig",
-    "EvalConfig",
-    "EvalStageConfig",
-    "FilterConfig",
-    "FilterStageConfig",
-    "GRPOConfig",
-    "GenerateConfig",
-    "GiGPOConfig",
-    "GoldDataConfig",
-    "JudgeConfig",
-    "JudgeDataConfig",
-    "KLConfig",
-    "LoopConfig",
-    "LoraConfig",
-    "ModelConfig",
-    "OnlineDPOConfig",
-    "OptimConfig",
-    "OverOptimizationConfig",
-    "PPOConfig",
-    "PairConfig",
-    "PairDataConfig",
-    "PreferenceDataConfig",
-    "PreferenceLossConfig",
-    "PreferenceTaskSource",
-    "PretrainConfig",
-    "PromptDataConfig",
-    "RLAIFConfig",
-    "RLConfig",
-    "RewardModelConfig",
-    "RewardSpec",
-    "RolloutConfig",
-    "SFTConfig",
-    "SLCAIConfig",
-    "SPINConfig",
-    "SamplingConfig",
-    "SamplingParams",
-    "ScoredPairsConfig",
-    "ScorerConfig",
-    "SelfDistillConfig",
-    "StageConfig",
-    "StrictModel",
-    "TaskSource",
-    "TaskSpec",
-    "apply_override",
-    "deep_merge",
-    "known_name",
-    "load_yaml",
-    "parse_overrides",
-    "parse_value",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "AILabelsConfig": "tether.config.cai",
+    "AgentConfig": "tether.config.agent",
+    "AgentEvalConfig": "tether.config.agent",
+    "AgentLoopConfig": "tether.config.agent",
+    "AgentSFTConfig": "tether.config.agent",
+    "BestOfNConfig": "tether.config.distill",
+    "ClipConfig": "tether.config.rl",
+    "ConfigError": "tether.config.base",
+    "CorpusConfig": "tether.config.cai",
+    "CorpusSamplingConfig": "tether.config.distill",
+    "CriticConfig": "tether.config.rl",
+    "DPOConfig": "tether.config.preference",
+    "DataConfig": "tether.config.data",
+    "EngineConfig": "tether.config.distill",
+    "EnvironmentConfig": "tether.config.agent",
+    "EvalConfig": "tether.config.common",
+    "EvalStageConfig": "tether.config.sft",
+    "FilterConfig": "tether.config.rewards",
+    "FilterStageConfig": "tether.config.distill",
+    "GRPOConfig": "tether.config.rl",
+    "GenerateConfig": "tether.config.distill",
+    "GiGPOConfig": "tether.config.agent",
+    "GoldDataConfig": "tether.config.rlhf",
+    "JudgeConfig": "tether.config.rewards",
+    "JudgeDataConfig": "tether.config.preference",
+    "KLConfig": "tether.config.rl",
+    "LoopConfig": "tether.config.common",
+    "LoraConfig": "tether.config.common",
+    "ModelConfig": "tether.config.common",
+    "OnlineDPOConfig": "tether.config.preference",
+    "OptimConfig": "tether.config.common",
+    "OverOptimizationConfig": "tether.config.rlhf",
+    "PPOConfig": "tether.config.rl",
+    "PairConfig": "tether.config.rewards",
+    "PairDataConfig": "tether.config.data",
+    "PreferenceDataConfig": "tether.config.data",
+    "PreferenceLossConfig": "tether.config.preference",
+    "PreferenceTaskSource": "tether.config.data",
+    "PretrainConfig": "tether.config.sft",
+    "PromptDataConfig": "tether.config.data",
+    "RLAIFConfig": "tether.config.cai",
+    "RLConfig": "tether.config.rl",
+    "RewardModelConfig": "tether.config.preference",
+    "RewardSpec": "tether.config.rewards",
+    "RolloutConfig": "tether.config.rl",
+    "SFTConfig": "tether.config.sft",
+    "SLCAIConfig": "tether.config.cai",
+    "SPINConfig": "tether.config.preference",
+    "SamplingConfig": "tether.config.sampling",
+    "SamplingParams": "tether.config.sampling",
+    "ScoredPairsConfig": "tether.config.rewards",
+    "ScorerConfig": "tether.config.rewards",
+    "SelfDistillConfig": "tether.config.distill",
+    "StageConfig": "tether.config.common",
+    "StrictModel": "tether.config.base",
+    "TaskSource": "tether.config.common",
+    "TaskSpec": "tether.config.common",
+    "apply_override": "tether.config.base",
+    "deep_merge": "tether.config.base",
+    "known_name": "tether.config.base",
+    "load_yaml": "tether.config.base",
+    "parse_overrides": "tether.config.base",
+    "parse_value": "tether.config.base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'tether.config' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(_EXPORTS)
+
+
+__all__ = sorted(_EXPORTS)

@@ -2,43 +2,47 @@
 
 - :mod:`~tether.stages.registry`: every stage type, its config class and what runs it (an explicit table);
 - :mod:`~tether.stages.api`: ``train_sft``, ``train_grpo``, ... (one stage each, for a notebook);
-- :mod:`~tether.stages.pipeline`: recipes (stages in order, ``@stage`` references, resume);
+- :mod:`~tether.stages.recipes` / :mod:`~tether.stages.pipeline`: recipe files and overrides; validating
+  and running them (stages in order, ``@stage`` references, resume);
 - :mod:`~tether.stages.rlhf`, :mod:`~tether.stages.cai`, :mod:`~tether.stages.distill`,
   :mod:`~tether.stages.judge_data`: the stages that are more than one trainer (sweeps, data writers,
   rounds of generate -> filter -> SFT).
 """
 
-from tether.stages.api import (
-    evaluate,
-    run_trainer,
-    train_agent,
-    train_agent_sft,
-    train_dpo,
-    train_grpo,
-    train_online_dpo,
-    train_ppo,
-    train_reward_model,
-    train_sft,
-    train_spin,
-)
-from tether.stages.pipeline import load_recipe, run_recipe, validate_recipe
-from tether.stages.registry import STAGE_TYPES, StageType
+from __future__ import annotations
 
-__all__ = [
-    "STAGE_TYPES",
-    "StageType",
-    "evaluate",
-    "load_recipe",
-    "run_recipe",
-    "run_trainer",
-    "train_agent",
-    "train_agent_sft",
-    "train_dpo",
-    "train_grpo",
-    "train_online_dpo",
-    "train_ppo",
-    "train_reward_model",
-    "train_sft",
-    "train_spin",
-    "validate_recipe",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "STAGE_TYPES": "tether.stages.registry",
+    "StageType": "tether.stages.registry",
+    "evaluate": "tether.stages.api",
+    "load_recipe": "tether.stages.recipes",
+    "run_recipe": "tether.stages.pipeline",
+    "run_trainer": "tether.stages.api",
+    "train_agent": "tether.stages.api",
+    "train_agent_sft": "tether.stages.api",
+    "train_dpo": "tether.stages.api",
+    "train_grpo": "tether.stages.api",
+    "train_online_dpo": "tether.stages.api",
+    "train_ppo": "tether.stages.api",
+    "train_reward_model": "tether.stages.api",
+    "train_sft": "tether.stages.api",
+    "train_spin": "tether.stages.api",
+    "validate_recipe": "tether.stages.pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy exports: reading a recipe file does not import every trainer."""
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'tether.stages' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(_EXPORTS)
+
+
+__all__ = sorted(_EXPORTS)

@@ -16,66 +16,26 @@ interrupted one resumes from its last checkpoint.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from tether.config.base import ConfigError, apply_override, deep_merge, load_yaml, parse_overrides
+from tether.config.base import ConfigError, deep_merge
 from tether.config.common import StageConfig
 from tether.data.files import write_json_atomic
 from tether.report import write_report
+from tether.stages.recipes import apply_recipe_overrides, builtin_recipes, load_recipe
 from tether.stages.registry import STAGE_TYPES
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.distributed import DistInfo, init_distributed
 
 log = logging.getLogger(__name__)
 
-
-# ---- recipes ---------------------------------------------------------------------------------------
-def builtin_recipes() -> dict[str, Path]:
-    folder = resources.files("tether") / "recipes"
-    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".yaml")}
-
-
-def load_recipe(name_or_path: str) -> dict[str, Any]:
-    recipes = builtin_recipes()
-    if name_or_path in recipes:
-        data = load_yaml(recipes[name_or_path])
-    elif Path(name_or_path).exists():
-        data = load_yaml(name_or_path)
-    else:
-        raise ConfigError(f"no recipe {name_or_path!r}: not a file, and not one of the built-in recipes "
-                          f"({', '.join(sorted(recipes))})")
-    if not isinstance(data.get("stages"), list) or not data["stages"]:
-        raise ConfigError(f"recipe {name_or_path!r} has no 'stages' list")
-    data.setdefault("name", Path(name_or_path).stem)
-    return data
-
-
-def apply_recipe_overrides(recipe: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Dotted overrides: ``STAGE.key.path=v`` for one stage, ``*.key.path=v`` for every stage,
-    anything else at the recipe's top level (``defaults.optim.lr=1e-3``)."""
-    recipe = copy.deepcopy(recipe)
-    names = [s.get("name") for s in recipe["stages"]]
-    for key, value in parse_overrides(overrides):
-        head, _, rest = key.partition(".")
-        if head == "*" and rest:
-            for stage in recipe["stages"]:
-                apply_override(stage, rest, value)
-        elif head in names and rest:
-            apply_override(recipe["stages"][names.index(head)], rest, value)
-        elif head in ("name", "description", "defaults", "stages") or not rest:
-            apply_override(recipe, key, value)
-        else:
-            raise ConfigError(f"override {key!r}: {head!r} is neither a stage ({', '.join(names)}) nor "
-                              "'*' nor a recipe key")
-    return recipe
+__all__ = ["apply_recipe_overrides", "builtin_recipes", "load_recipe", "run_recipe", "validate_recipe"]
 
 
 def resolve_references(data: Any, run_dir: Path, done: set[str]) -> Any:
