@@ -9,8 +9,8 @@ The public API mirrors the command line: typed configs and one call per stage.
 from __future__ import annotations
 
 import os
-from importlib import import_module
-from typing import Any
+
+from tether.core.lazy import lazy_exports
 
 # OpenMP threads that spin while waiting make a CPU oversubscribed by another process run 5-20x
 # slower (measured on a 2-core machine); yielding costs ~nothing when the CPU is free. Takes
@@ -102,11 +102,5 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Lazy exports, so ``import tether`` stays fast and the CLI starts quickly."""
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'tether' has no attribute {name!r}")
-
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

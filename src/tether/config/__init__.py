@@ -11,8 +11,7 @@ does not import torch.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from tether.core.lazy import lazy_exports
 
 _EXPORTS = {
     "AILabelsConfig": "tether.config.cai",
@@ -81,14 +80,5 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'tether.config' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(_EXPORTS)
-
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
