@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
 from tether.config.base import ConfigError, apply_override, load_yaml, parse_overrides
+from tether.console import console, print_results, print_seed_results
 
 DEFAULT_RECIPE = "r1-arithmetic"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Post-training for language models: every loop, one small core.")
-console = Console()
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")]
 OutDir = Annotated[Path | None, typer.Option("--out", help="run directory")]
@@ -85,32 +84,6 @@ def _default_out(name: str) -> Path:
     return Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _fmt(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-def print_results(results: dict[str, dict]) -> None:
-    table = Table(title="results")
-    table.add_column("stage")
-    table.add_column("figures")
-    for stage, figures in results.items():
-        table.add_row(stage, ", ".join(f"{k}={_fmt(v)}" for k, v in figures.items()) or "-")
-    console.print(table)
-    accuracies = [(s, f["accuracy"]) for s, f in results.items() if "accuracy" in f]
-    befores = [(s, f["before/accuracy"]) for s, f in results.items() if "before/accuracy" in f]
-    if befores:
-        accuracies.insert(0, (f"before {befores[0][0]}", befores[0][1]))
-    if accuracies:
-        console.print("held-out accuracy: " + " -> ".join(f"{s} {a:.1%}" for s, a in accuracies))
-    successes = [(s, f["success"]) for s, f in results.items() if "success" in f]  # agent stages
-    if successes:
-        console.print("held-out success: " + " -> ".join(f"{s} {a:.1%}" for s, a in successes))
-    for key in ("violation_rate", "helpfulness"):  # the 'secret' task's principle (cai, d-rlaif)
-        values = [(s, f[key]) for s, f in results.items() if key in f]
-        if values:
-            console.print(f"held-out {key.replace('_', ' ')}: " + " -> ".join(f"{s} {v:.1%}" for s, v in values))
-
-
 @app.command("recipes")
 def recipes_cmd() -> None:
     """List the built-in recipes."""
@@ -133,9 +106,20 @@ def run_cmd(
     resume: Annotated[bool, typer.Option(help="resume an interrupted stage from its checkpoint")] = True,
     constitution: Annotated[str | None, typer.Option(
         "--constitution", help="constitution file (YAML or text) for the stages that sample principles")] = None,
+    seeds: Annotated[str | None, typer.Option(
+        "--seeds", help="run once per seed into DIR/seed-K/ and summarise: a count (5) or a list (0,3,7)")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="with --seeds: seeds run at once")] = 1,
+    deterministic: Annotated[bool, typer.Option(
+        "--deterministic", help="also pin MKL's code path (bitwise reproducible at any thread count, slower) "
+                                "and torch's deterministic algorithms")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a recipe (default: the R1-style default recipe) and print accuracy before and after."""
+    if deterministic:  # before anything imports torch: MKL reads MKL_CBWR when it loads
+        from tether.core.determinism import enable_determinism
+
+        for warning in enable_determinism():
+            console.print(f"[yellow]warning:[/] {warning}")
     from tether.stages.pipeline import run_recipe
     from tether.stages.recipes import apply_recipe_overrides, load_recipe
 
@@ -156,8 +140,11 @@ def run_cmd(
             except ValueError as err:
                 raise ConfigError(str(err)) from None
         run_dir = out or _default_out(data.get("name", recipe))
-        console.print(f"[bold]tether run[/] {data.get('name', recipe)} -> {run_dir}")
         start = time.perf_counter()
+        if seeds is not None:
+            _run_seeds(data, run_dir, seeds, parallel=parallel, resume=resume, deterministic=deterministic)
+            return
+        console.print(f"[bold]tether run[/] {data.get('name', recipe)} -> {run_dir}")
         results = run_recipe(data, run_dir, resume=resume)
     except (ConfigError, *_training_errors()) as err:
         _fail(str(err))
@@ -169,6 +156,38 @@ def run_cmd(
     console.print(f"done in {time.perf_counter() - start:.0f}s; results in {run_dir / 'results.json'}")
     if (run_dir / "report.html").exists():
         console.print(f"report in {run_dir / 'report.html'}")
+
+
+def _run_seeds(recipe: dict[str, Any], run_dir: Path, seeds: str, *, parallel: int, resume: bool,
+               deterministic: bool) -> None:
+    from tether.stages.pipeline import validate_recipe, write_report_safely
+    from tether.stages.seeds import parse_seeds, run_seeds, seed_dir
+
+    chosen = parse_seeds(seeds)
+    validate_recipe(recipe, run_dir)  # a typo fails here, not in every seed's process
+    console.print(f"[bold]tether run[/] {recipe.get('name', '')} over seeds {', '.join(map(str, chosen))} "
+                  f"({parallel} at a time) -> {run_dir}")
+    start = time.perf_counter()
+
+    def progress(kind: str, seed: int, info: dict[str, Any]) -> None:
+        if kind == "start":
+            console.print(f"seed {seed}: started, log in {seed_dir(run_dir, seed) / 'run.log'}")
+        elif kind == "done":
+            headline = "; ".join(f"{s} {f['accuracy']:.1%}" for s, f in info["results"].items() if "accuracy" in f)
+            console.print(f"seed {seed}: done in {info['seconds']:.0f}s" + (f" ({headline})" if headline else ""))
+        else:
+            console.print(f"[bold red]seed {seed}: failed[/] (exit {info['returncode']}); see {info['log']}")
+
+    try:
+        aggregated = run_seeds(recipe, run_dir, chosen, parallel=parallel, resume=resume,
+                               deterministic=deterministic, on_event=progress)
+    except RuntimeError as err:
+        _fail(str(err))
+        return
+    print_seed_results(aggregated)
+    write_report_safely(run_dir)
+    console.print(f"done in {time.perf_counter() - start:.0f}s; per-seed runs in {run_dir}/seed-*/, "
+                  f"summary in {run_dir / 'results.json'}")
 
 
 def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None, out: Path | None,

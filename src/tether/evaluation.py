@@ -1,4 +1,9 @@
-"""Held-out evaluation through the rollout engine: task accuracy and pass@k, and agent episodes."""
+"""Held-out evaluation through the rollout engine: task accuracy and pass@k, and agent episodes.
+
+Every rate over problems comes with the number of problems (``n``) and its 95% Wilson interval
+(``<figure>_ci95_low`` / ``_ci95_high``); the per-problem outcomes ride along on the returned
+:class:`Figures` so that a stage evaluated before and after training reports its gain on the same
+problems with a paired interval (:func:`paired_gains`)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import torch
 
 from tether.config.agent import AgentEvalConfig, AgentLoopConfig, EnvironmentConfig
 from tether.config.common import EvalConfig
+from tether.core.statistics import paired_bootstrap_interval, wilson_interval
 from tether.data.tokenize import tokenize_prompts
 from tether.rewards.verifiers import format_reward
 from tether.rollout import HFEngine, SamplingParams
@@ -26,12 +32,44 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+class Figures(dict):
+    """Held-out figures (name -> float), and in ``outcomes`` the per-problem 0/1 outcomes behind each rate
+    (name -> one value per problem, in the evaluation's fixed problem order)."""
+
+    def __init__(self, *args: Any, outcomes: dict[str, list[float]] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outcomes: dict[str, list[float]] = dict(outcomes or {})
+
+
+def with_intervals(figures: dict[str, float], outcomes: dict[str, list[float]]) -> Figures:
+    """``figures`` plus ``n`` and, for every rate in ``outcomes``, its 95% Wilson interval."""
+    out = Figures(figures, outcomes=outcomes)
+    for name, values in outcomes.items():
+        low, high = wilson_interval(sum(v > 0 for v in values), len(values))
+        out[f"{name}_ci95_low"], out[f"{name}_ci95_high"] = low, high
+        out["n"] = float(len(values))
+    return out
+
+
+def paired_gains(before: dict[str, list[float]], after: dict[str, list[float]], *,
+                 seed: int = 0) -> dict[str, float]:
+    """``gain/<rate>`` (after minus before, same problems) with its paired-bootstrap 95% interval
+    (``gain/<rate>_ci95_low`` / ``_high``) for every rate both evaluations have on equally many problems."""
+    gains: dict[str, float] = {}
+    for name, values in after.items():
+        if name in before and len(before[name]) == len(values) and values:
+            gain, low, high = paired_bootstrap_interval(before[name], values, seed=seed)
+            gains.update({f"gain/{name}": gain, f"gain/{name}_ci95_low": low, f"gain/{name}_ci95_high": high})
+    return gains
+
+
 @torch.no_grad()
 def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
-                  records: list[dict] | None = None) -> dict[str, float]:
+                  records: list[dict] | None = None) -> Figures:
     """Greedy exact-match accuracy on held-out problems; with ``samples`` = k > 1 also pass@k.
 
-    Returns ``{"accuracy": ..., "format": ..., "pass@k": ...}`` (fractions in [0, 1]).
+    Returns ``{"accuracy": ..., "format": ..., "pass@k": ..., "n": ...}`` (fractions in [0, 1]) with the
+    Wilson interval of accuracy and pass@k, and their per-problem outcomes in ``.outcomes``.
     """
     task = get_task(cfg.task, **cfg.options)
     records = records or eval_records(task, cfg.n, seed=cfg.seed)
@@ -40,7 +78,8 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
     ids = tokenize_prompts(prompts, tokenizer, chat=cfg.chat)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size)
     greedy = engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=cfg.max_new_tokens))
-    correct = [task.verify(text, answer) for text, answer in zip(greedy.texts, answers, strict=True)]
+    correct = [float(task.verify(text, answer)) for text, answer in zip(greedy.texts, answers, strict=True)]
+    outcomes = {"accuracy": correct}
     results = {
         "accuracy": sum(correct) / len(correct),
         "format": sum(format_reward(prompts, greedy.texts)) / len(prompts),
@@ -55,9 +94,10 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
         for text, index in zip(sampled.texts, sampled.prompt_index, strict=True):
             hits[index] += int(task.verify(text, answers[index]) > 0)
         k = cfg.samples
-        results[f"pass@{k}"] = sum(pass_at_k(k, c, k) for c in hits) / len(hits)
+        outcomes[f"pass@{k}"] = [pass_at_k(k, c, k) for c in hits]  # 0 or 1 when k = n
+        results[f"pass@{k}"] = sum(outcomes[f"pass@{k}"]) / len(hits)
         results[f"mean@{k}"] = sum(hits) / (k * len(hits))
-    return results
+    return with_intervals(results, outcomes)
 
 
 @torch.no_grad()
@@ -70,7 +110,9 @@ def evaluate_agent(model: torch.nn.Module, tokenizer: Any, env: EnvironmentConfi
     engine = HFEngine(model, tokenizer, batch_size=eval_cfg.batch_size)
     records = environment_records(env, split="eval", n=eval_cfg.n, seed=eval_cfg.seed)
     agent = AgentLoop(engine, tokenizer, make_env, renderer, loop)
-    results = trajectory_metrics(agent.run(records, SamplingParams(n=1, greedy=True)), loop.success_threshold)
+    greedy = agent.run(records, SamplingParams(n=1, greedy=True))
+    results = with_intervals(trajectory_metrics(greedy, loop.success_threshold),
+                             {"success": [float(t.outcome >= loop.success_threshold) for t in greedy]})
     if eval_cfg.samples:
         sampled = agent.run(records, SamplingParams(n=eval_cfg.samples, temperature=eval_cfg.temperature,
                                                     seed=eval_cfg.seed))

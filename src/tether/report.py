@@ -127,10 +127,10 @@ def read_samples(stage_dir: Path) -> list[dict]:
     return picked
 
 
-def run_title(run_dir: Path) -> tuple[str, str]:
+def run_title(run_dir: Path, config_file: str = "config.yaml") -> tuple[str, str]:
     """Name and description of the recipe from ``config.yaml``, else the folder's name."""
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config = yaml.safe_load((run_dir / config_file).read_text())
     except (OSError, yaml.YAMLError):
         config = None
     config = config if isinstance(config, dict) else {}
@@ -166,27 +166,32 @@ def _png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _draw_series(ax: Any, name: str, series: Series) -> None:
-    steps = sorted(series)
-    ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3)
+def _draw_series(ax: Any, name: str, lines: dict[str, Series]) -> None:
+    """One panel: a line per run (per seed in a report over seeds, labelled), value against step."""
+    for label, series in lines.items():
+        steps = sorted(series)
+        ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3,
+                label=label or None, alpha=0.85 if len(lines) > 1 else 1.0)
+    if len(lines) > 1:
+        ax.legend(fontsize=6)
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
 
 
-def small_multiples(title: str, metrics: StageMetrics) -> bytes:
-    """One panel per metric against step, four panels a row."""
-    cols = min(4, len(metrics))
-    rows = math.ceil(len(metrics) / cols)
+def small_multiples(title: str, panels: dict[str, dict[str, Series]]) -> bytes:
+    """One panel per metric against step (each holding one line per run), four panels a row."""
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
     height = 2.4 * rows + 0.5
     fig = _new_figure(3.2 * cols, height)
     fig.subplots_adjust(left=0.8 / (3.2 * cols), right=0.98, bottom=0.55 / height, top=1 - 0.75 / height,
                         wspace=0.4, hspace=0.6)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (name, series) in zip(axes, metrics.items(), strict=False):
-        _draw_series(ax, name, series)
-    for ax in axes[len(metrics):]:
+    for ax, (name, lines) in zip(axes, panels.items(), strict=False):
+        _draw_series(ax, name, lines)
+    for ax in axes[len(panels):]:
         ax.set_visible(False)
     fig.suptitle(title)
     return _png(fig)
@@ -222,20 +227,23 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "x"
 
 
-def stage_plots(stage: str, metrics: StageMetrics) -> list[Plot]:
-    """Every figure of one stage: a small-multiple figure per group, then gold/proxy vs KL."""
+def stage_plots(stage: str, runs: dict[str, StageMetrics]) -> list[Plot]:
+    """Every figure of one stage: a small-multiple figure per group with one line per run (``runs``:
+    label -> metrics; one unlabelled run for a plain report), then gold/proxy vs KL for a single run."""
+    names = {name: {} for metrics in runs.values() for name in metrics}
     plots = []
-    for group, members in group_metrics(metrics).items():
-        names = list(members)
-        chunks = [names[i:i + MAX_PANELS] for i in range(0, len(names), MAX_PANELS)]
+    for group, members in group_metrics(names).items():
+        names_in_group = list(members)
+        chunks = [names_in_group[i:i + MAX_PANELS] for i in range(0, len(names_in_group), MAX_PANELS)]
         for i, chunk in enumerate(chunks):
             part = f" ({i + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             suffix = f"-{i + 1}" if len(chunks) > 1 else ""
             title = f"{stage}: {group}{part}"
+            panels = {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in chunk}
             plots.append(Plot(title, f"{safe_name(stage)}-{safe_name(group)}{suffix}.png",
-                              small_multiples(title, {n: members[n] for n in chunk})))
+                              small_multiples(title, panels)))
     title = f"{stage}: gold and proxy reward against KL"
-    png = gold_proxy_kl(title, metrics)
+    png = gold_proxy_kl(title, next(iter(runs.values()))) if len(runs) == 1 else None
     if png is not None:
         plots.append(Plot(title, f"{safe_name(stage)}-gold-proxy-kl.png", png))
     return plots
@@ -353,8 +361,66 @@ def _extra_images(run_dir: Path) -> str:
     return "<h2>Other plots</h2>\n" + "\n".join(figure_html(p.name, p.read_bytes(), p.name) for p in images)
 
 
+def seeds_html(aggregated: dict[str, dict]) -> str:
+    """Every figure over seeds: mean +- std, the 95% interval of the mean, the number of seeds, the values."""
+    rows = [f"<tr><th>{_e(stage)}</th><th>{_e(name)}</th><td class=\"num\">{s['mean']:.4g} &plusmn; {s['std']:.2g}"
+            f"</td><td class=\"num\">[{s['ci95'][0]:.4g}, {s['ci95'][1]:.4g}]</td><td class=\"num\">{s['n']}</td>"
+            f"<td class=\"num\">{_e(' '.join(f'{v:.4g}' for v in s['values']))}</td></tr>"
+            for stage, figures in aggregated.items() for name, s in figures.items()
+            if isinstance(s, dict) and {"mean", "std", "ci95", "n", "values"} <= set(s)
+            and not name.endswith(("_ci95_low", "_ci95_high"))]
+    if not rows:
+        return '<p class="muted">No figures over seeds yet (results.json is missing or empty).</p>'
+    head = "<tr><th>stage</th><th>figure</th><th>mean &plusmn; std</th><th>95% interval</th><th>seeds</th>" \
+           "<th>values</th></tr>"
+    return f'<table class="results">{head}{"".join(rows)}</table>'
+
+
+def headline_plot(aggregated: dict[str, dict], key: str) -> bytes | None:
+    """``key`` (e.g. accuracy) per stage: each seed a dot, the mean with its 95% interval as an error bar."""
+    stages = [s for s, figures in aggregated.items() if isinstance(figures.get(key), dict)]
+    if not stages:
+        return None
+    fig = _new_figure(max(4.0, 1.3 * len(stages) + 1.5), 3.2)
+    ax = fig.subplots()
+    for x, stage in enumerate(stages):
+        summary = aggregated[stage][key]
+        ax.plot([x] * len(summary["values"]), summary["values"], "o", color="#999", ms=4)
+        ax.errorbar([x + 0.15], [summary["mean"]], yerr=[[summary["mean"] - summary["ci95"][0]],
+                                                          [summary["ci95"][1] - summary["mean"]]],
+                    fmt="s", color="#c0392b", capsize=4, ms=5)
+    ax.set_xticks(range(len(stages)), stages, fontsize=8)
+    ax.set_ylabel(key, fontsize=8)
+    ax.set_title(f"{key}: seeds (grey) and mean with 95% interval (red)", fontsize=9)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def write_seeds_report(run_dir: Path) -> Path:
+    """The report of ``tether run --seeds``: the across-seed table, the headline figures per seed with their
+    mean and interval, and every stage's curves with one line per seed."""
+    seeds = json.loads((run_dir / "seeds.json").read_text()).get("seeds", [])
+    aggregated = read_results(run_dir)
+    runs = {f"seed {k}": stage_metrics(read_jsonl(run_dir / f"seed-{k}" / "metrics.jsonl")[0]) for k in seeds}
+    plots_dir = _fresh_plots_dir(run_dir)
+    body = [f'<p class="muted">{len(seeds)} seeds: {_e(", ".join(map(str, seeds)))}; each a run directory '
+            "seed-K/ with its own report.</p>", "<h2>Across seeds</h2>", seeds_html(aggregated)]
+    for key in ("accuracy", "gain/accuracy", "success"):
+        png = headline_plot(aggregated, key)
+        if png is not None:
+            (plots_dir / f"seeds-{safe_name(key)}.png").write_bytes(png)
+            body.append(figure_html(key, png))
+    for stage in dict.fromkeys(stage for metrics in runs.values() for stage in metrics):
+        plots = stage_plots(stage, {label: metrics.get(stage, {}) for label, metrics in runs.items()})
+        for plot in plots:
+            (plots_dir / plot.filename).write_bytes(plot.png)
+        body.append(stage_html(stage, plots, []))
+    return write_text_atomic(run_dir / REPORT_FILE, page_html(*run_title(run_dir, "recipe.yaml"), body))
+
+
 def write_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report.html`` (and ``RUN_DIR/plots/*.png``); returns the report's path.
+    """Write ``RUN_DIR/report.html`` (and ``RUN_DIR/plots/*.png``); returns the report's path. The folder of
+    a run over seeds (``seeds.json`` in it) gets :func:`write_seeds_report`.
 
     Works on a finished, running or interrupted run; a missing or empty ``metrics.jsonl`` gives a
     report that says so. Raises FileNotFoundError when ``run_dir`` is not a directory.
@@ -362,12 +428,14 @@ def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory {str(run_dir)!r}")
+    if (run_dir / "seeds.json").exists():
+        return write_seeds_report(run_dir)
     rows, bad = read_jsonl(run_dir / "metrics.jsonl")
     metrics, results = stage_metrics(rows), read_results(run_dir)
     plots_dir = _fresh_plots_dir(run_dir)
     body = [_metrics_note(run_dir, rows, bad), "<h2>Evaluation</h2>", results_html(results)]
     for stage in dict.fromkeys([*metrics, *results]):
-        plots = stage_plots(stage, metrics.get(stage, {}))
+        plots = stage_plots(stage, {"": metrics.get(stage, {})})
         samples = read_samples(run_dir / stage)
         for plot in plots:
             (plots_dir / plot.filename).write_bytes(plot.png)

@@ -55,7 +55,8 @@ def _judge_backend(cfg: JudgeConfig, *, policy: Any, tokenizer: Any, cache_dir: 
             policy, tokenizer = load_model(cfg.model)
         if policy is None or tokenizer is None:
             raise ValueError("judge backend 'policy' needs the policy model and its tokenizer")
-        return EngineJudgeBackend(HFEngine(policy, tokenizer), tokenizer, sampling=cfg.sampling, chat=cfg.chat), None
+        return EngineJudgeBackend(HFEngine(policy, tokenizer), tokenizer, sampling=cfg.sampling, chat=cfg.chat,
+                              seed=cfg.sampling.seed), None
     from tether.rollout.openai_engine import OpenAIEngine
 
     closer, base_url, name = None, cfg.base_url, cfg.model
@@ -69,7 +70,7 @@ def _judge_backend(cfg: JudgeConfig, *, policy: Any, tokenizer: Any, cache_dir: 
                           max_retries=cfg.max_retries, concurrency=cfg.concurrency, backoff=cfg.backoff,
                           cache_dir=cache_dir if cfg.cache else None, chat=cfg.chat,
                           prompts_per_request=1 if cfg.chat else cfg.prompts_per_request)
-    return EndpointJudgeBackend(engine, sampling=cfg.sampling), closer
+    return EndpointJudgeBackend(engine, sampling=cfg.sampling, seed=cfg.sampling.seed), closer
 
 
 def build_judge(cfg: JudgeConfig | dict, *, policy: Any = None, tokenizer: Any = None,

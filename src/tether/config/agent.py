@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -60,6 +60,8 @@ class AgentEvalConfig(StrictModel):
     temperature: float = Field(1.0, ge=0, description="sampled episodes' temperature (0: greedy)")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
     batch_size: int | None = Field(None, ge=1, description="episodes decoded together; None: all")
+
+    held_out: ClassVar[bool] = True  # its seed picks the held-out tasks: a recipe's seed leaves it alone
 
 
 class AgentSFTConfig(SFTConfig):

@@ -7,7 +7,7 @@ inside the stage that does not name a task of its own takes the stage's (see :cl
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -74,7 +74,9 @@ class LoopConfig(StrictModel):
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
     max_bad_steps: int = Field(5, ge=1, description="non-finite steps in a row (each skipped) that stop the run")
     seed: int = Field(0, description="data order, sampling and minibatch shuffles")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU)")
+    threads: int = Field(1, ge=1, description="torch intra-op CPU threads, set by every stage (never inherited from "
+                                              "the caller); more than 1 is not bitwise reproducible across "
+                                              "processes on CPU unless --deterministic")
     progress: bool = Field(True, description="show a progress bar")
     strategy: Literal["ddp", "fsdp2"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp2 (sharded per decoder layer, "
@@ -115,6 +117,8 @@ class EvalConfig(StrictModel):
     prompt_template: str = Field("{prompt}", description="how a problem becomes the prompt, e.g. '{prompt}<think>'")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
 
+    held_out: ClassVar[bool] = True  # its seed picks the held-out problems: a recipe's seed leaves it alone
+
 
 class StageConfig(StrictModel):
     """Fields every stage has. Concrete stages subclass this.
@@ -153,6 +157,18 @@ class StageConfig(StrictModel):
                 if "options" not in block.model_fields_set:
                     block.options = dict(stage_task.options)
         return self
+
+    def with_seed(self, seed: int) -> StageConfig:
+        """A copy with every ``seed`` in it (model initialisation and new heads, data draws and order, sampling,
+        minibatch shuffles, judge sampling) shifted by a recipe's ``seed``; the held-out evaluation's seeds are
+        kept, so that every seed of a recipe is measured on the same problems. ``seed`` 0 changes nothing."""
+        if seed == 0:
+            return self
+        shifted = self.model_copy(deep=True)
+        for block in _nested_models(shifted):
+            if not getattr(block, "held_out", False) and isinstance(getattr(block, "seed", None), int):
+                block.seed += seed
+        return shifted
 
     def reward_defaults(self) -> dict[str, Any]:
         """Keyword defaults for reward functions that take a task (``accuracy``, ``worked_solution``): the

@@ -53,6 +53,7 @@ class JudgeSamplingConfig(SamplingConfig):
 
     temperature: float = Field(0.0, ge=0, description="softmax temperature; 0: greedy")
     max_new_tokens: int = Field(256, ge=1, description="tokens per reply at most")
+    seed: int = Field(0, description="the judge's sampling seed (shifted by the recipe's seed)")
 
 
 class JudgeConfig(StrictModel):

@@ -132,8 +132,7 @@ def train_sl_cai(config: SLCAIConfig | dict, *, out: str | Path, model: Any = No
     cfg = config if isinstance(config, SLCAIConfig) else SLCAIConfig.model_validate(config)
     name = cfg.name or cfg.type
     stage_dir = Path(out) / name
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.train.threads)
     if not (stage_dir / "train.jsonl").exists():
         records = None
         if prompts is not None:
@@ -223,8 +222,7 @@ def ai_labels(config: AILabelsConfig | dict, *, out: str | Path, model: Any = No
     -> replies``) replaces ``config.judge``; ``engine`` (any generation engine, e.g. an endpoint's) samples
     the responses instead of ``model``, whose tokenizer it uses."""
     cfg = config if isinstance(config, AILabelsConfig) else AILabelsConfig.model_validate(config)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.train.threads)
     name = cfg.name or cfg.type
     stage_dir = Path(out) / name
     records = load_records(prompts) if prompts is not None else None

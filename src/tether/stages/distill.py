@@ -88,8 +88,7 @@ def generate(config: GenerateConfig | dict, *, out: str | Path, model: Any = Non
     ``verifier`` (default ``config.verifier``) the share of samples it scores >= 1 (``sample_accuracy``).
     """
     cfg = config if isinstance(config, GenerateConfig | SelfDistillConfig) else GenerateConfig.model_validate(config)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.train.threads)
     engine, tokenizer = _engine(cfg, model, tokenizer)
     records = prompt_records(cfg.prompts) if prompts is None else prompts
     meta = {"model": str(model if isinstance(model, str | Path) else cfg.model.name_or_path)}
@@ -204,8 +203,7 @@ def run_self_distill(cfg: SelfDistillConfig, run_dir: Path, resume: bool) -> dic
 
 # ---- best-of-n ---------------------------------------------------------------------------------------
 def run_best_of_n_stage(cfg: BestOfNConfig, run_dir: Path, resume: bool) -> dict[str, float]:
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.train.threads)
     stage_dir = run_dir / cfg.name
     model, tokenizer = resolve_model(None, None, cfg.model)
     results = run_best_of_n(model, cfg.eval, cfg.ns, dict(cfg.scorers), tokenizer=tokenizer,

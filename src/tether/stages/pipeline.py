@@ -4,7 +4,8 @@ A recipe is YAML::
 
     name: sft-arithmetic
     description: one line
-    defaults: {train: {threads: 2}}          # deep-merged into every stage
+    seed: 0                                  # shifts every stage's seeds (tether run --seeds N)
+    defaults: {train: {threads: 1}}          # deep-merged into every stage
     stages:
       - {name: pretrain, type: pretrain, model: {name_or_path: tether/tiny}, ...}
       - {name: sft, type: sft, model: {name_or_path: "@pretrain"}, ...}
@@ -21,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from pydantic import ValidationError
 
@@ -72,6 +74,15 @@ def stage_config(raw: dict[str, Any]) -> StageConfig:
                           f"({type(err).__name__}: {err}); check that every block is a mapping") from None
 
 
+def recipe_seed(recipe: dict[str, Any]) -> int:
+    """The recipe's ``seed`` (default 0), from which every stage's seeds are shifted
+    (:meth:`~tether.config.common.StageConfig.with_seed`)."""
+    seed = recipe.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"recipe 'seed' must be a non-negative integer, got {seed!r:.80}")
+    return seed
+
+
 def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[StageConfig]:
     """Every stage's config, with defaults merged and ``@stage`` references resolved inside
     ``run_dir``; validating all of them up front makes a typo in the last stage fail before
@@ -79,6 +90,7 @@ def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[S
     defaults = recipe.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"recipe 'defaults' must be a mapping, got {defaults!r:.80}")
+    seed = recipe_seed(recipe)
     seen: list[str] = []
     configs = []
     for i, raw in enumerate(recipe["stages"]):
@@ -93,7 +105,7 @@ def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[S
         if raw["name"] in seen:
             raise ConfigError(f"two stages are named {raw['name']!r}")
         resolved = resolve_references(raw, run_dir, set(seen))
-        configs.append(stage_config(resolved))
+        configs.append(stage_config(resolved).with_seed(seed))
         seen.append(raw["name"])
     return configs
 
@@ -129,6 +141,7 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
             log.info("stage %s already finished; skipping", name)
             results[name] = finished.get("results", {})
         else:
+            torch.set_num_threads(cfg.train.threads)  # from the configuration, never from the caller's process
             results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
             if main:
                 write_json_atomic(results_path, results)

@@ -20,6 +20,7 @@ naming the parameters and micro-batches.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import signal
@@ -38,13 +39,15 @@ from transformers import (
 )
 
 from tether.config.common import OptimConfig, StageConfig
-from tether.evaluation import evaluate_task
+from tether.data.files import write_json_atomic
+from tether.evaluation import evaluate_task, paired_gains
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
 from tether.trainers.metrics import MetricsLogger, to_float
 
 log = logging.getLogger(__name__)
+BEFORE_OUTCOMES = "eval_before.json"  # per-problem outcomes of the eval.before evaluation, in the stage directory
 
 LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -167,8 +170,7 @@ class Trainer:
         self._bad_in_a_row = 0
         self._first_bad: str | None = None
         self.max_bad_steps = config.train.max_bad_steps
-        if config.train.threads:
-            torch.set_num_threads(config.train.threads)
+        torch.set_num_threads(config.train.threads)
         if self.dist.is_main:  # a read-only or full output directory fails here, not at the first checkpoint
             ckpt.check_output_dir(self.run_dir, need_bytes=checkpoint_bytes(model))
         self.optimizer = build_optimizer(model, config.optim, parts=self.optimizer_parts())
@@ -399,6 +401,9 @@ class Trainer:
                 before = self.evaluate()
                 self.results.update({f"before/{k}": v for k, v in before.items()})
                 self.logger.log(0, {f"eval/{k}": v for k, v in before.items()})
+                if self.dist.is_main:  # kept on disk: a resumed run still reports its paired gain
+                    self.stage_dir.mkdir(parents=True, exist_ok=True)
+                    write_json_atomic(self.stage_dir / BEFORE_OUTCOMES, getattr(before, "outcomes", {}))
             saved_step: int | None = None
             mid_step = False
             try:
@@ -432,6 +437,9 @@ class Trainer:
                 raise self._stop(signals, saved_step)
         final = self.evaluate()
         self.results.update(final)
+        before_path = self.stage_dir / BEFORE_OUTCOMES
+        if self.dist.is_main and before_path.exists():
+            self.results.update(paired_gains(json.loads(before_path.read_text()), getattr(final, "outcomes", {})))
         if final:
             self.logger.log(self.step, {f"eval/{k}": v for k, v in final.items()})
         return self.results

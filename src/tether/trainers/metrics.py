@@ -15,6 +15,16 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# The only figures in metrics.jsonl that depend on the clock rather than on the configuration and seed: a
+# reproducible run repeats every other field exactly (also under a prefix such as ``iter2/``).
+WALL_CLOCK_FIELDS = frozenset({"time", "step_time", "time/generation", "completions_per_s", "tokens_per_s",
+                               "loss_tokens_per_s", "round/generation_time", "round/score_time"})
+
+
+def is_wall_clock(key: str) -> bool:
+    """Whether a metric name is one of :data:`WALL_CLOCK_FIELDS`, bare or under a prefix."""
+    return key in WALL_CLOCK_FIELDS or any(key.endswith("/" + field) for field in WALL_CLOCK_FIELDS)
+
 
 def to_float(value: Any) -> float:
     if hasattr(value, "item"):

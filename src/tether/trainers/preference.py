@@ -47,6 +47,7 @@ from tether.data.pairs import (
     tokenize_unpaired,
 )
 from tether.data.schedule import BatchSchedule, chunks
+from tether.evaluation import Figures
 from tether.models.logprobs import example_logprobs, pair_logprobs, preference_inputs
 from tether.tasks.preferences import split_pairs
 from tether.trainers.loop import Trainer
@@ -301,6 +302,8 @@ class PreferenceTrainer(Trainer):
         return {}
 
     def evaluate(self) -> dict[str, float]:
-        figures = self.preference_figures()
-        figures.update(super().evaluate())
+        preference = self.preference_figures()
+        task = super().evaluate()
+        figures = Figures(preference, outcomes=getattr(task, "outcomes", {}))
+        figures.update(task)
         return figures

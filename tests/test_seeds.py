@@ -1,0 +1,85 @@
+"""A recipe over seeds: the recipe seed shifts every training seed (never the held-out problems), and
+`tether run --seeds` writes one run per seed and the across-seed summary of every figure."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tether.cli import app
+from tether.config.base import ConfigError
+from tether.stages.pipeline import validate_recipe
+from tether.stages.recipes import load_recipe
+from tether.stages.seeds import aggregate_results, parse_seeds
+
+runner = CliRunner()
+QUICK = ["*.train.max_steps=2", "*.train.batch_size=4", "*.eval.n=4", "*.eval.max_new_tokens=8",
+         "pretrain.data.task.n=32", "sft.data.task.n=32"]
+
+
+def test_parse_seeds():
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds(2) == [0, 1]
+    assert parse_seeds("0,3,7") == [0, 3, 7] and parse_seeds("5,") == [5]
+    for bad in ("", "a", "1,1", "-1", "0"):
+        with pytest.raises(ConfigError):
+            parse_seeds(bad)
+
+
+def test_aggregate_results_by_hand():
+    per_seed = [{"sft": {"accuracy": 0.4, "note": "x"}}, {"sft": {"accuracy": 0.5}}, {"sft": {"accuracy": 0.6}}]
+    out = aggregate_results(per_seed)
+    assert set(out) == {"sft"} and set(out["sft"]) == {"accuracy"}  # only numeric figures
+    summary = out["sft"]["accuracy"]
+    assert summary["mean"] == pytest.approx(0.5) and summary["std"] == pytest.approx(0.1) and summary["n"] == 3
+    assert summary["ci95"] == [pytest.approx(0.5 - 4.303 * 0.1 / 3 ** 0.5), pytest.approx(0.5 + 4.303 * 0.1 / 3 ** 0.5)]
+    assert summary["values"] == [0.4, 0.5, 0.6]
+
+
+def test_the_recipe_seed_shifts_every_seed_but_the_held_out_evaluation():
+    recipe = load_recipe("r1-arithmetic")
+    base = validate_recipe(recipe)
+    shifted = validate_recipe({**recipe, "seed": 7})
+    for a, b in zip(base, shifted, strict=True):
+        assert b.train.seed == a.train.seed + 7 and b.model.seed == a.model.seed + 7
+        if a.eval is not None:
+            assert b.eval.seed == a.eval.seed  # the same held-out problems for every seed
+    grpo = {c.name: c for c in shifted}["grpo"]
+    assert grpo.data.task.seed == {c.name: c for c in base}["grpo"].data.task.seed + 7
+    assert validate_recipe({**recipe, "seed": 0}) == base
+    for bad in (-1, "1", True, 1.5):
+        with pytest.raises(ConfigError, match="seed"):
+            validate_recipe({**recipe, "seed": bad})
+
+
+def test_run_over_two_seeds_writes_each_run_and_the_summary(tmp_path):
+    out = tmp_path / "seeds"
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "2", "--out", str(out), *QUICK])
+    assert result.exit_code == 0, result.output
+    per_seed = [json.loads((out / f"seed-{k}" / "results.json").read_text()) for k in (0, 1)]
+    assert (out / "seed-0" / "sft" / "model.safetensors").read_bytes() != \
+        (out / "seed-1" / "sft" / "model.safetensors").read_bytes()
+    aggregated = json.loads((out / "results.json").read_text())
+    assert set(aggregated) == {"pretrain", "sft"}
+    accuracy = aggregated["sft"]["accuracy"]
+    assert set(accuracy) == {"mean", "std", "n", "ci95", "values"} and accuracy["n"] == 2
+    assert accuracy["values"] == [r["sft"]["accuracy"] for r in per_seed]
+    assert accuracy["ci95"][0] <= accuracy["mean"] <= accuracy["ci95"][1]
+    assert aggregated["sft"]["n"]["mean"] == 4.0  # every seed evaluated on the same 4 problems
+    assert "across seeds" in result.output
+    report = (out / "report.html").read_text()  # the across-seed table, the seeds' dots, their curves
+    assert "Across seeds" in report and "&plusmn;" in report and "2 seeds: 0, 1" in report
+    assert {"seeds-accuracy.png", "sft-train.png"} <= {p.name for p in (out / "plots").iterdir()}
+    # run again: both seeds are finished, nothing trains again, the summary is the same
+    before = [(out / f"seed-{k}" / "metrics.jsonl").read_text() for k in (0, 1)]
+    again = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "2", "--out", str(out), *QUICK])
+    assert again.exit_code == 0, again.output
+    assert [(out / f"seed-{k}" / "metrics.jsonl").read_text() for k in (0, 1)] == before
+    assert json.loads((out / "results.json").read_text()) == aggregated
+
+
+def test_a_failing_seed_is_reported_with_its_log(tmp_path):
+    out = tmp_path / "seeds"
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "0,1", "--out", str(out), *QUICK,
+                                 "sft.model.name_or_path=/no/such/model"])
+    assert result.exit_code == 2
+    assert "seed-0" in result.output and "run.log" in result.output
