@@ -67,3 +67,16 @@ def test_the_recipe_seed_moves_every_stage(first_run, tmp_path):
     samples = [json.loads(line) for line in (tmp_path / "seed-1" / "grpo" / "samples.jsonl").read_text().splitlines()]
     first = [json.loads(line) for line in (first_run / "grpo" / "samples.jsonl").read_text().splitlines()]
     assert [s["prompt"] for s in samples] != [s["prompt"] for s in first]  # other training problems
+
+
+def test_deterministic_mode_sets_the_environment_and_refuses_several_cpu_threads(tmp_path):
+    check = ("import os; from tether.core.determinism import enable_determinism; warnings = enable_determinism(); "
+             "import torch; assert torch.are_deterministic_algorithms_enabled() and not warnings; "
+             "assert os.environ['MKL_CBWR'] == 'COMPATIBLE' and os.environ['CUBLAS_WORKSPACE_CONFIG'] == ':4096:8'")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "CUBLAS_"))}
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-m", "tether", "run", str(RECIPE), "--deterministic", "--out",
+                           str(tmp_path / "run"), "*.train.threads=2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "threads=2" in done.stdout and "not bitwise reproducible" in done.stdout
+    assert not (tmp_path / "run" / "sft" / "stage.json").exists()

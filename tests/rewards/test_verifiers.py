@@ -192,3 +192,40 @@ def test_worked_solution_checks_every_step_not_only_the_answer():
     scores = worked_solution_reward(["47+85=", "47+85=", "47+85=", "what?"], [right, lucky, " " + right + "\n", right])
     assert scores == [1.0, 0.0, 1.0, None]
     assert task_reward(["47+85="], [lucky], answer=["132"]) == [1.0]  # the answer-only checker is fooled
+
+
+def _timing_out_parse(pred, *args, **kwargs):
+    """math-verify's own behaviour on a timeout: a warning, and an empty parse."""
+    import logging
+
+    logging.getLogger("math_verify.parser").warning(f"Timeout during parsing: {pred}")
+    return []
+
+
+def test_a_math_verify_timeout_raises_instead_of_scoring_zero(monkeypatch):
+    import math_verify
+
+    from tether.rewards import RewardComposer
+    from tether.rewards.verifiers import VerificationTimeout
+
+    gold = math_verify.parse("$2$")
+    monkeypatch.setattr("tether.rewards.verifiers._parse_gold", lambda key, timeout: gold)
+    monkeypatch.setattr(math_verify, "parse", _timing_out_parse)
+    with pytest.raises(VerificationTimeout, match="ran out of time"):
+        math_reward(["p"], ["\\boxed{2}"], ["2"])
+    # a composer that scores failures 0 counts the timeout apart from other errors
+    composer = RewardComposer([{"name": "math"}], on_error="zero")
+    metrics = composer.score(["p", "p"], ["\\boxed{2}", "\\boxed{3}"], {"answer": ["2", "2"]}).metrics()
+    assert metrics["reward/math/timeouts"] == 2.0 and metrics["reward/math/errors"] == 2.0
+
+
+def test_an_overlong_answer_scores_zero_without_being_parsed(monkeypatch):
+    import math_verify
+
+    def never(*args, **kwargs):
+        raise AssertionError("parsed an answer longer than max_answer_chars")
+
+    assert math_reward(["p"], ["\\boxed{2}"], ["2"]) == [1.0]
+    monkeypatch.setattr(math_verify, "parse", never)
+    monkeypatch.setattr("tether.rewards.verifiers._parse_gold", lambda key, timeout: [2, "2"])
+    assert math_reward(["p"], ["\\boxed{" + "1+" * 300 + "1}"], ["2"], max_answer_chars=512) == [0.0]

@@ -22,7 +22,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -112,6 +112,8 @@ class RewardResult:
     - ``valid``: shape (N,), bool; False exactly where ``total`` is NaN
     - ``errors``: label -> number of samples that raised and were scored 0 (``on_error="zero"``)
     - ``nonfinite``: label -> number of NaN / inf values, treated as None
+    - ``timeouts``: label -> of the ``errors``, those that were a ``TimeoutError`` (a verifier out of
+      time: a score that would depend on the machine's load)
     """
 
     total: Tensor
@@ -119,9 +121,10 @@ class RewardResult:
     valid: Tensor
     errors: dict[str, int]
     nonfinite: dict[str, int]
+    timeouts: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """``reward/{label}/{mean,std,none,errors,nonfinite}`` and ``reward/total/{mean,std,none}``.
+        """``reward/{label}/{mean,std,none,errors,nonfinite,timeouts}`` and ``reward/total/{mean,std,none}``.
 
         Means and (population) standard deviations ignore NaN; they are left out, not NaN, when
         no sample has a value. ``none`` counts samples without a value (non-finite ones included).
@@ -136,6 +139,7 @@ class RewardResult:
         for label in self.per_function:
             metrics[f"reward/{label}/errors"] = float(self.errors[label])
             metrics[f"reward/{label}/nonfinite"] = float(self.nonfinite[label])
+            metrics[f"reward/{label}/timeouts"] = float(self.timeouts.get(label, 0))
         return metrics
 
 
@@ -246,8 +250,10 @@ class RewardComposer:
         per_function: dict[str, Tensor] = {}
         errors: dict[str, int] = {}
         nonfinite: dict[str, int] = {}
+        timeouts: dict[str, int] = {}
         for i, label in enumerate(self.labels):
-            values, errors[label] = self._call(i, prompts, completions, self._columns_for(i, columns))
+            values, errors[label], timeouts[label] = self._call(i, prompts, completions,
+                                                                self._columns_for(i, columns))
             per_function[label], nonfinite[label] = _to_tensor(values)
         stacked = torch.stack(list(per_function.values()))  # (F, N)
         present = ~torch.isnan(stacked)
@@ -256,7 +262,7 @@ class RewardComposer:
         total = torch.where(present, weights * stacked, torch.zeros_like(stacked)).sum(dim=0)
         valid = valid & torch.isfinite(total)  # a weighted sum beyond float32
         total = torch.where(valid, total, torch.full_like(total, math.nan))
-        return RewardResult(total, per_function, valid, errors, nonfinite)
+        return RewardResult(total, per_function, valid, errors, nonfinite, timeouts)
 
     def _columns_for(self, i: int, columns: dict[str, list]) -> dict[str, list]:
         kwargs, sig, label = self.kwargs[i], self._signatures[i], self.labels[i]
@@ -275,14 +281,15 @@ class RewardComposer:
 
     def _call(
         self, i: int, prompts: list[str], completions: list[str], columns: dict[str, list]
-    ) -> tuple[list[float | None], int]:
-        """Run function ``i`` on the batch; on an exception, fall back to one sample at a time."""
+    ) -> tuple[list[float | None], int, int]:
+        """Run function ``i`` on the batch; on an exception, fall back to one sample at a time. Returns the
+        values, the samples that raised and, of those, the timeouts."""
         fn, kwargs, label = self.functions[i], self.kwargs[i], self.labels[i]
         try:
             returned = fn(prompts, completions, **columns, **kwargs)
         except Exception as batch_error:
             return self._call_per_sample(i, prompts, completions, columns, batch_error)
-        return _check(label, returned, len(completions), offset=0), 0
+        return _check(label, returned, len(completions), offset=0), 0, 0
 
     def _call_per_sample(
         self,
@@ -291,10 +298,10 @@ class RewardComposer:
         completions: list[str],
         columns: dict[str, list],
         batch_error: Exception,
-    ) -> tuple[list[float | None], int]:
+    ) -> tuple[list[float | None], int, int]:
         fn, kwargs, label = self.functions[i], self.kwargs[i], self.labels[i]
         values: list[float | None] = []
-        errors = 0
+        errors = timeouts = 0
         for j, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             try:
                 returned = fn([prompt], [completion], **{k: [v[j]] for k, v in columns.items()}, **kwargs)
@@ -310,6 +317,7 @@ class RewardComposer:
                     ) from error
                 values.append(0.0)
                 errors += 1
+                timeouts += isinstance(error, TimeoutError)
                 continue
             values.extend(_check(label, returned, 1, offset=j))
         if self.on_error == "raise":
@@ -318,7 +326,7 @@ class RewardComposer:
                 f"{len(completions)} but on no single sample: {batch_error}",
                 function=label,
             ) from batch_error
-        return values, errors
+        return values, errors, timeouts
 
 
 def _check(label: str, returned: Any, n: int, *, offset: int) -> list[float | None]:

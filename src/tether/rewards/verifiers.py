@@ -22,9 +22,11 @@ completion: the text after the last ``</think>``, or all of it when there is non
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import tether.tasks  # noqa: F401  (registers the built-in tasks that ``accuracy`` looks up)
 from tether.core.registry import Registry
@@ -59,6 +61,34 @@ def task_reward(
     ]
 
 
+class VerificationTimeout(TimeoutError):
+    """math-verify ran out of time on an answer: its score would depend on the machine's load, so it is
+    raised rather than scored 0 (a reward composer with ``on_error="zero"`` scores it 0 and counts it in
+    ``reward/<label>/timeouts``)."""
+
+
+class _TimeoutCounter(logging.Handler):
+    """Counts math-verify's "Timeout during parsing / comparison" warnings (it returns [] / False on a
+    timeout, the same as for an answer that does not parse or does not match)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += str(record.msg).startswith("Timeout during")
+
+
+@contextlib.contextmanager
+def _counting_timeouts() -> Iterator[_TimeoutCounter]:
+    logger, counter = logging.getLogger("math_verify"), _TimeoutCounter()
+    logger.addHandler(counter)
+    try:
+        yield counter
+    finally:
+        logger.removeHandler(counter)
+
+
 def _parse_gold(gold: str, timeout: int | None) -> list:
     from math_verify import parse
 
@@ -73,6 +103,7 @@ def math_reward(
     answer: list[str | None],
     *,
     timeout: int | None = 5,
+    max_answer_chars: int = 512,
     **_columns,
 ) -> list[float | None]:
     """Mathematical equivalence of the completion's answer and the gold ``answer``, by math-verify.
@@ -83,11 +114,11 @@ def math_reward(
     otherwise (including an answer that cannot be parsed); None when the gold answer is None or
     cannot be parsed itself (a data problem, not the policy's).
 
-    Timeouts: math-verify bounds each parse / comparison with ``signal.alarm``, which only works
-    on the main thread (and replaces any alarm the caller had set). ``timeout`` seconds apply
-    there; off the main thread (rollout worker threads) timeouts are switched off rather than
-    letting math-verify raise, so a pathological expression can then run long. ``timeout=None``
-    or ``0`` switches them off everywhere.
+    A reward must not depend on the machine's load, so the work is bounded by the input, not the
+    clock: an extracted answer longer than ``max_answer_chars`` scores 0 without being parsed.
+    ``timeout`` seconds remain a guard (math-verify's ``signal.alarm``, main thread only; off it, and
+    with ``timeout=None`` or ``0``, there is none): an answer that still runs out of time raises
+    :class:`VerificationTimeout` instead of silently scoring 0.
     """
     from math_verify import parse, verify
 
@@ -99,14 +130,20 @@ def math_reward(
         if gold is None:
             scores.append(None)
             continue
-        key = str(gold)
-        if key not in golds:
-            golds[key] = _parse_gold(key, timeout)
-        if not golds[key]:
-            scores.append(None)
-            continue
-        predicted = parse(extract_answer(completion), parsing_timeout=timeout)
-        scores.append(float(bool(predicted) and verify(golds[key], predicted, timeout_seconds=timeout)))
+        key, extracted = str(gold), extract_answer(completion)
+        score: float | None = 0.0
+        with _counting_timeouts() as timeouts:
+            if key not in golds:
+                golds[key] = _parse_gold(key, timeout)
+            if not golds[key]:
+                score = None
+            elif len(extracted) <= max_answer_chars:
+                predicted = parse(extracted, parsing_timeout=timeout)
+                score = float(bool(predicted) and verify(golds[key], predicted, timeout_seconds=timeout))
+        if timeouts.count:
+            raise VerificationTimeout(f"math-verify ran out of time ({timeout}s) on an answer of {len(extracted)} "
+                                      f"characters against the gold {key[:80]!r}")
+        scores.append(score)
     return scores
 
 

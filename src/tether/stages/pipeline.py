@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from tether.config.base import ConfigError, deep_merge
 from tether.config.common import StageConfig
+from tether.core.determinism import check_deterministic_threads
 from tether.data.files import write_json_atomic
 from tether.report import write_report
 from tether.stages.recipes import apply_recipe_overrides, builtin_recipes, load_recipe
@@ -141,6 +142,10 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
             log.info("stage %s already finished; skipping", name)
             results[name] = finished.get("results", {})
         else:
+            try:
+                check_deterministic_threads(cfg.train.threads, cfg.model.device)
+            except ValueError as err:
+                raise ConfigError(f"stage {name!r}: {err}") from None
             torch.set_num_threads(cfg.train.threads)  # from the configuration, never from the caller's process
             results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
             if main:
