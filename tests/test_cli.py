@@ -90,11 +90,14 @@ def test_recipe_reaches_its_figure(tmp_path, recipe, stage, threshold):
 
 
 @pytest.mark.slow
-def test_r1_recipe_grpo_beats_sft_by_ten_points(tmp_path):
-    result = runner.invoke(app, ["run", "r1-arithmetic", "--out", str(tmp_path / "run")])
+def test_r1_recipe_grpo_beats_sft_over_five_seeds(tmp_path):
+    """The default recipe's claim, over seeds 0-4 (about 20 min at --parallel 2 on 2 cores). Threshold from
+    the measured spread (README, "Figures"): the paired gain of GRPO over SFT, mean over 5 seeds, at least
+    +10 points, the lower end of its 95% interval above +5."""
+    result = runner.invoke(app, ["run", "r1-arithmetic", "--seeds", "5", "--parallel", "2", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["grpo"]["accuracy"] >= results["sft"]["accuracy"] + 0.10
+    gain = json.loads((tmp_path / "results.json").read_text())["grpo"]["gain/accuracy"]
+    assert gain["n"] == 5 and gain["mean"] >= 0.10 and gain["ci95"][0] > 0.05, gain
 
 
 def test_grpo_command_takes_a_preset_override(tmp_path):
