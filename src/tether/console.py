@@ -27,6 +27,8 @@ def _figures_cell(figures: dict[str, Any]) -> str:
         if key.endswith(("_ci95_low", "_ci95_high")):
             continue
         low, high = figures.get(f"{key}_ci95_low"), figures.get(f"{key}_ci95_high")
+        if key.rpartition("/")[2] == "n":
+            value = int(value)  # a count of problems
         cells.append(f"{key}={_fmt(value)}" + (f" [{_fmt(low)}, {_fmt(high)}]" if low is not None else ""))
     return ", ".join(cells) or "-"
 
@@ -41,7 +43,7 @@ def print_results(results: dict[str, dict]) -> None:
     n = next((int(f["n"]) for f in results.values() if "n" in f), None)
     accuracies = [(s, _interval(f, "accuracy")) for s, f in results.items() if "accuracy" in f]
     befores = [(s, f) for s, f in results.items() if "before/accuracy" in f]
-    if befores:
+    if befores and accuracies and accuracies[0][0] == befores[0][0]:  # the starting model has no stage of its own
         accuracies.insert(0, (f"before {befores[0][0]}", _interval(befores[0][1], "before/accuracy")))
     if accuracies:
         console.print("held-out accuracy" + (f" (n={n}, 95% Wilson interval)" if n else "") + ": "
@@ -72,7 +74,9 @@ def print_seed_results(aggregated: dict[str, dict[str, dict]]) -> None:
         for key in HEADLINE_FIGURES:
             if key in figures:
                 s = figures[key]
-                table.add_row(stage, key, f"{s['mean']:.1%} +- {s['std']:.1%}",
-                              f"[{s['ci95'][0]:.1%}, {s['ci95'][1]:.1%}]", str(s["n"]),
-                              " ".join(f"{v:.1%}" for v in s["values"]))
+                gain = key.startswith("gain/")  # a difference of rates: in points
+                fmt = (lambda v: f"{v * 100:+.1f}") if gain else (lambda v: f"{v:.1%}")
+                table.add_row(stage, key + (" (points)" if gain else ""), f"{fmt(s['mean'])} +- {s['std'] * 100:.1f}",
+                              f"[{fmt(s['ci95'][0])}, {fmt(s['ci95'][1])}]", str(s["n"]),
+                              " ".join(fmt(v) for v in s["values"]))
     console.print(table)
