@@ -83,3 +83,29 @@ def test_a_failing_seed_is_reported_with_its_log(tmp_path):
                                  "sft.model.name_or_path=/no/such/model"])
     assert result.exit_code == 2
     assert "seed-0" in result.output and "run.log" in result.output
+
+
+def test_an_interrupted_run_over_seeds_stops_every_seed_and_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "seeds"
+    command = [sys.executable, "-m", "tether", "run", "sft-arithmetic", "--seeds", "2", "--parallel", "2",
+               "--out", str(out), *QUICK, "*.train.max_steps=150", "*.train.log_every=1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all((out / f"seed-{k}" / "metrics.jsonl").exists() for k in (0, 1)):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()[0]
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)  # to the parent only: it stops both seeds
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode != 0 and "--out" in output, output
+    assert not (out / "results.json").exists()
+    assert any(not (out / f"seed-{k}" / "sft" / "stage.json").exists() for k in (0, 1))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert json.loads((out / "results.json").read_text())["sft"]["accuracy"]["n"] == 2

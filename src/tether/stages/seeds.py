@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +32,13 @@ log = logging.getLogger(__name__)
 
 RECIPE_FILE = "recipe.yaml"  # the recipe every seed runs (overrides applied), beside the seed folders
 RUN_LOG = "run.log"  # each seed's output, inside its seed folder
+
+
+INTERRUPTED = (130, 143, -signal.SIGINT, -signal.SIGTERM)  # a seed stopped by SIGINT / SIGTERM
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
@@ -82,7 +90,9 @@ def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int],
     """Run ``recipe`` once per seed (``parallel`` processes at a time) and aggregate the figures; returns
     (and writes) ``DIR/results.json``. ``on_event(kind, seed, info)`` reports progress: ``start``
     (``command``), ``done`` (``results``, ``seconds``) and ``failed`` (``returncode``, ``log``).
-    Raises ``RuntimeError`` naming the failed seeds and their logs after the others have finished."""
+    Raises ``RuntimeError`` naming the failed seeds and their logs after the others have finished.
+    SIGINT / SIGTERM (to this process, or one seed stopped by either) stop every running seed at a
+    checkpoint and raise ``KeyboardInterrupt``; calling again with the same arguments resumes them."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be at least 1, got {parallel}")
     run_dir, seeds = Path(run_dir), list(seeds)
@@ -92,6 +102,9 @@ def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int],
     write_json_atomic(run_dir / "seeds.json", {"seeds": seeds})
     notify = on_event or (lambda kind, seed, info: None)
     pending, running, failed = list(seeds), {}, {}
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM stops the seeds as Ctrl-C does (signal handlers can only be set from the main thread)
+    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         while pending or running:
             while pending and len(running) < parallel:
@@ -109,6 +122,8 @@ def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int],
                 if process.poll() is None:
                     continue
                 del running[seed]
+                if process.returncode in INTERRUPTED:  # stopped by a signal at a checkpoint: stop them all
+                    raise KeyboardInterrupt(f"seed {seed} was interrupted")
                 if process.returncode == 0:
                     results = json.loads((seed_dir(run_dir, seed) / "results.json").read_text())
                     notify("done", seed, {"results": results, "seconds": time.monotonic() - started})
@@ -122,6 +137,9 @@ def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int],
         for process, _ in running.values():
             process.wait()
         raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     per_seed = [json.loads((seed_dir(run_dir, s) / "results.json").read_text()) for s in seeds if s not in failed]
     aggregated = aggregate_results(per_seed)
     write_json_atomic(run_dir / "results.json", aggregated)
