@@ -41,13 +41,15 @@ class Figures(dict):
         self.outcomes: dict[str, list[float]] = dict(outcomes or {})
 
 
-def with_intervals(figures: dict[str, float], outcomes: dict[str, list[float]]) -> Figures:
-    """``figures`` plus ``n`` and, for every rate in ``outcomes``, its 95% Wilson interval."""
+def with_intervals(figures: dict[str, float], outcomes: dict[str, list[float]], *,
+                   count: str | None = "n") -> Figures:
+    """``figures`` plus, for every rate in ``outcomes``, its 95% Wilson interval and its number of problems:
+    in ``count`` (``n``, shared by the rates of one evaluation), or with ``count=None`` in ``<rate>_n``."""
     out = Figures(figures, outcomes=outcomes)
     for name, values in outcomes.items():
         low, high = wilson_interval(sum(v > 0 for v in values), len(values))
         out[f"{name}_ci95_low"], out[f"{name}_ci95_high"] = low, high
-        out["n"] = float(len(values))
+        out[count or f"{name}_n"] = float(len(values))
     return out
 
 

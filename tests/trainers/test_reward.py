@@ -64,6 +64,9 @@ def test_bradley_terry_raises_pairwise_accuracy_and_margin(tmp_path):
     after = trainer.train()
     assert after["margin"] > before["margin"] + 1.0, (before, after)
     assert after["pairwise_accuracy"] >= 0.9 > before["pairwise_accuracy"]
+    n = after["pairwise_accuracy_n"]  # held-out pairs, and the Wilson interval of the accuracy over them
+    assert n == len(trainer.eval_examples) and after["pairwise_accuracy_ci95_low"] <= after["pairwise_accuracy"]
+    assert round(after["pairwise_accuracy"] * n) == sum(trainer.evaluate().outcomes["pairwise_accuracy"])
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "accuracy" in r]
     assert {"margin", "rewards/mean", "rewards/std", "loss", "grad_norm"} <= set(train_rows[0])
@@ -76,6 +79,8 @@ def test_process_rm_learns_step_labels(tmp_path):
     after = trainer.train()
     assert after["step_bce"] < 0.5 * before["step_bce"], (before, after)
     assert after["step_accuracy"] > 0.9 and after["trajectory_accuracy"] > 0.9
+    assert after["step_accuracy_n"] > after["trajectory_accuracy_n"] > 0  # several steps per trajectory
+    assert after["trajectory_accuracy_ci95_low"] <= after["trajectory_accuracy"] <= after["trajectory_accuracy_ci95_high"]
     # stepwise arithmetic records go through the same path
     make_trainer(tmp_path, "arith", process=True, max_steps=1).train()
 

@@ -47,7 +47,7 @@ from tether.data.pairs import (
     tokenize_unpaired,
 )
 from tether.data.schedule import BatchSchedule, chunks
-from tether.evaluation import Figures
+from tether.evaluation import Figures, with_intervals
 from tether.models.logprobs import example_logprobs, pair_logprobs, preference_inputs
 from tether.tasks.preferences import split_pairs
 from tether.trainers.loop import Trainer
@@ -290,8 +290,10 @@ class PreferenceTrainer(Trainer):
                 prefix = f"{self.config.loss_names[0]}/" if isinstance(self.config.loss, dict) else ""
                 return {"implicit_accuracy": float(metrics[f"{prefix}rewards/accuracy"]),
                         "implicit_margin": float(metrics[f"{prefix}rewards/margin"])}
-            return {"implicit_accuracy": float((r_c > r_r).float().mean()), "implicit_margin": float((r_c - r_r).mean()),
-                    "rewards/chosen": float(r_c.mean()), "rewards/rejected": float(r_r.mean())}
+            return with_intervals({"implicit_accuracy": float((r_c > r_r).float().mean()),
+                                   "implicit_margin": float((r_c - r_r).mean()),
+                                   "rewards/chosen": float(r_c.mean()), "rewards/rejected": float(r_r.mean())},
+                                  {"implicit_accuracy": (r_c > r_r).float().tolist()}, count=None)
         if self.eval_unpaired:
             rewards = self.beta * (self.summed_logprobs([u.example for u in self.eval_unpaired])
                                    - self.ref["eval_unpaired"])
@@ -304,6 +306,6 @@ class PreferenceTrainer(Trainer):
     def evaluate(self) -> dict[str, float]:
         preference = self.preference_figures()
         task = super().evaluate()
-        figures = Figures(preference, outcomes=getattr(task, "outcomes", {}))
+        figures = Figures(preference, outcomes={**getattr(preference, "outcomes", {}), **getattr(task, "outcomes", {})})
         figures.update(task)
         return figures

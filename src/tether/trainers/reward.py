@@ -36,6 +36,7 @@ from tether.config.preference import RewardModelConfig
 from tether.core.reward import STEP_AGGREGATIONS, bradley_terry_loss
 from tether.data.pairs import PairExample, StepExample, pair_data, tokenize_pairs, tokenize_stepwise
 from tether.data.schedule import BatchSchedule, chunks
+from tether.evaluation import with_intervals
 from tether.models.reward_model import score_positions, set_reward_info
 from tether.trainers.loop import Trainer
 
@@ -133,10 +134,12 @@ class RewardModelTrainer(Trainer):
             scores = [self.pair_rewards(c) for c in chunks(self.eval_examples, size)]
             chosen, rejected = torch.cat([s[0] for s in scores]), torch.cat([s[1] for s in scores])
             loss, m = bradley_terry_loss(chosen, rejected)
-            return {"pairwise_accuracy": float(m["accuracy"]), "margin": float(m["margin"]),
-                    "rewards/chosen": float(m["rewards/chosen"]), "rewards/rejected": float(m["rewards/rejected"]),
-                    "rewards/mean": float(m["rewards/mean"]), "rewards/std": float(m["rewards/std"]),
-                    "loss": float(loss)}
+            return with_intervals({"pairwise_accuracy": float(m["accuracy"]), "margin": float(m["margin"]),
+                                   "rewards/chosen": float(m["rewards/chosen"]),
+                                   "rewards/rejected": float(m["rewards/rejected"]),
+                                   "rewards/mean": float(m["rewards/mean"]), "rewards/std": float(m["rewards/std"]),
+                                   "loss": float(loss)},
+                                  {"pairwise_accuracy": (chosen > rejected).float().tolist()}, count=None)
         logits, labels, counts = zip(*(self.step_logits(c) for c in chunks(self.eval_examples, size)), strict=True)
         logits, labels, counts = torch.cat(logits), torch.cat(labels), torch.cat(counts)
         aggregate = STEP_AGGREGATIONS.get(self.config.aggregation)
@@ -147,9 +150,12 @@ class RewardModelTrainer(Trainer):
         good[mask] = labels.cpu()
         trajectory_good = torch.where(mask, good, 1.0).amin(-1) > 0.5
         trajectory = aggregate(padded, mask) > 0.5
-        return {"step_accuracy": float(((logits > 0).float() == labels).float().mean()),
-                "step_bce": float(F.binary_cross_entropy_with_logits(logits, labels)),
-                "trajectory_accuracy": float((trajectory == trajectory_good).float().mean()),
-                # the majority-class baselines these accuracies are to be read against
-                "step_good_fraction": float(labels.mean()),
-                "trajectory_good_fraction": float(trajectory_good.float().mean())}
+        step_hits, trajectory_hits = ((logits > 0).float() == labels).float(), (trajectory == trajectory_good).float()
+        return with_intervals({"step_accuracy": float(step_hits.mean()),
+                               "step_bce": float(F.binary_cross_entropy_with_logits(logits, labels)),
+                               "trajectory_accuracy": float(trajectory_hits.mean()),
+                               # the majority-class baselines these accuracies are to be read against
+                               "step_good_fraction": float(labels.mean()),
+                               "trajectory_good_fraction": float(trajectory_good.float().mean())},
+                              {"step_accuracy": step_hits.tolist(), "trajectory_accuracy": trajectory_hits.tolist()},
+                              count=None)
