@@ -56,6 +56,14 @@ def test_iterative_dpo_raises_the_verifier_score_round_over_round(tmp_path):
     assert (tmp_path / "online" / "stage.json").exists()
 
 
+def test_an_online_stage_evaluated_before_reports_its_paired_gain(tmp_path):
+    cfg = config(rounds=1, steps_per_round=2, eval={"n": 8, "max_new_tokens": 6, "before": True})
+    model, tokenizer = build_tiny()
+    results = OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction]).fit()
+    assert results["gain/accuracy"] == pytest.approx(results["accuracy"] - results["before/accuracy"])
+    assert results["n"] == results["round_1/n"] == 8.0 and "gain/accuracy_ci95_low" in results
+
+
 def test_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
     cfg = config(rounds=2, steps_per_round=3, train={"batch_size": 8, "progress": False, "save_every": 4})
     model, tokenizer = build_tiny()

@@ -54,6 +54,7 @@ from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, 
 from tether.data.pairs import tokenize_pairs
 from tether.data.schedule import BatchSchedule, chunks
 from tether.data.sources import record_columns, training_prompts
+from tether.evaluation import Figures
 from tether.models.loading import frozen_copy
 from tether.models.logprobs import preference_inputs
 from tether.rollout import HFEngine, Rollout, SamplingParams
@@ -325,7 +326,8 @@ class OnlinePreferenceTrainer(Trainer):
         step = self.step if step is None else step
         if self._eval_cache is None or self._eval_cache[0] != step:
             self._eval_cache = (step, super().evaluate())
-        return dict(self._eval_cache[1])
+        cached = self._eval_cache[1]
+        return Figures(cached, outcomes=getattr(cached, "outcomes", {}))  # a copy, with the per-problem outcomes
 
 
 # ---- SPIN ----------------------------------------------------------------------------------------------
