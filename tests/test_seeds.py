@@ -46,6 +46,8 @@ def test_the_recipe_seed_shifts_every_seed_but_the_held_out_evaluation():
     grpo = {c.name: c for c in shifted}["grpo"]
     assert grpo.data.task.seed == {c.name: c for c in base}["grpo"].data.task.seed + 7
     assert validate_recipe({**recipe, "seed": 0}) == base
+    labels = {c.name: c for c in validate_recipe({**load_recipe("instructgpt"), "seed": 7})}["labels"]
+    assert labels.seed == 7  # a seed on the stage itself (the gold comparisons drawn), not only nested
     for bad in (-1, "1", True, 1.5):
         with pytest.raises(ConfigError, match="seed"):
             validate_recipe({**recipe, "seed": bad})

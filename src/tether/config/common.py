@@ -165,7 +165,7 @@ class StageConfig(StrictModel):
         if seed == 0:
             return self
         shifted = self.model_copy(deep=True)
-        for block in _nested_models(shifted):
+        for block in (shifted, *_nested_models(shifted)):  # the stage's own fields too (e.g. gold_data's seed)
             if not getattr(block, "held_out", False) and isinstance(getattr(block, "seed", None), int):
                 block.seed += seed
         return shifted
