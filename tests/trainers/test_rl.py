@@ -8,7 +8,7 @@ from tether.models import apply_lora, build_tiny
 from tether.rollout import SamplingParams
 from tether.trainers.rl import RLTrainer, completion_logprobs
 
-PRESETS = ["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo"]
+PRESETS = ["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo", "gspo", "cispo", "gmpo", "sapo", "dppo"]
 
 
 def digit_fraction(prompts, completions, **columns):

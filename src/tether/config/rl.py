@@ -20,7 +20,8 @@ from tether.config.sampling import SamplingConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
 from tether.core.aggregation import LOSS_AGGREGATIONS
 from tether.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
-from tether.core.policy_loss import POLICY_LOSSES
+from tether.core.policy_losses import POLICY_LOSSES, extra_arguments
+from tether.core.rollout_correction import ROLLOUT_CORRECTIONS
 
 
 class RolloutConfig(SamplingConfig):
@@ -87,6 +88,29 @@ class DynamicSamplingConfig(StrictModel):
     max_rounds: int = Field(4, ge=1, description="generation rounds per step before giving up filling")
 
 
+class RolloutCorrectionConfig(StrictModel):
+    """Correcting for the sampler-trainer mismatch: rho_t = pi_old / mu per token (ROLLOUT_CORRECTIONS);
+    the weight multiplies the token's policy-gradient term."""
+
+    mode: str = Field("none", description="none (measure only), tis (min(rho, cap)), mis (drop tokens outside "
+                                          "[low, high]), icepop (rho inside [low, high], else 0), seq_tis / "
+                                          "seq_mask (the same on each sequence's geometric-mean ratio)")
+    cap: float = Field(2.0, gt=0, description="tis, seq_tis: the truncation C")
+    low: float = Field(0.5, ge=0, description="mis, icepop, seq_mask: the lower bound of the kept band")
+    high: float = Field(2.0, gt=0, description="mis, icepop, seq_mask: the upper bound of the kept band")
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        return known_name(ROLLOUT_CORRECTIONS, value)
+
+    @model_validator(mode="after")
+    def _band(self) -> RolloutCorrectionConfig:
+        if self.low >= self.high:
+            raise ValueError(f"rollout_correction.low ({self.low}) must be below high ({self.high})")
+        return self
+
+
 class CriticConfig(StrictModel):
     """The value model: from the reward model (InstructGPT) or the policy, or a path."""
 
@@ -124,6 +148,13 @@ class RLConfig(StageConfig):
     advantage: str = Field("grpo", description="an advantage estimator (ADVANTAGE_ESTIMATORS)")
     advantage_kwargs: dict[str, Any] = Field(default_factory=dict, description="the estimator's hyperparameters")
     policy_loss: str = Field("ppo_clip", description="a policy loss (POLICY_LOSSES)")
+    policy_loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="the policy loss's own arguments "
+                                               "(sapo: tau_pos, tau_neg; dppo_tv / dppo_kl: ratio_cap)")
+    old_logprobs: Literal["recompute", "sampler"] = Field(
+        "recompute", description="the old policy of the ratio: recompute (a trainer forward pass when a rollout "
+                                 "is used more than once) or sampler (the engine's log-probs; no extra pass)")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="correct for the sampler-trainer mismatch")
     loss_agg: str = Field("seq-mean-token-mean", description="how per-token losses become one (LOSS_AGGREGATIONS)")
     kl: KLConfig = Field(default_factory=KLConfig, description="the KL penalty to the reference")
     clip: ClipConfig = Field(default_factory=ClipConfig, description="the surrogate's clipping")
@@ -144,6 +175,13 @@ class RLConfig(StageConfig):
     def _known_names(self) -> RLConfig:
         known_name(ADVANTAGE_ESTIMATORS, self.advantage)
         known_name(POLICY_LOSSES, self.policy_loss)
+        unknown = sorted(set(self.policy_loss_kwargs) - set(extra_arguments(self.policy_loss)))
+        if unknown:
+            raise ValueError(f"policy_loss_kwargs {unknown} are not arguments of {self.policy_loss!r} "
+                             f"(it takes {sorted(extra_arguments(self.policy_loss)) or 'none'})")
+        if self.old_logprobs == "sampler" and self.rollout_correction.mode != "none":
+            raise ValueError("rollout_correction weighs the trainer's old policy against the sampler: it needs "
+                             "old_logprobs: recompute")
         known_name(LOSS_AGGREGATIONS, self.loss_agg)
         if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
@@ -178,15 +216,31 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dapo": {"advantage": "grpo", "loss_agg": "token-mean", "kl": {"coef": 0.0},
              "clip": {"low": 0.2, "high": 0.28}, "dynamic_sampling": {"enabled": True},
              "overlong": {"buffer": 16, "penalty": 1.0}},
+    # Zheng et al. 2025: the sequence-level ratio (length-normalised), clipped per sequence, tiny range.
+    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq-mean-token-mean", "kl": {"coef": 0.0},
+             "clip": {"low": 3.0e-4, "high": 4.0e-4}},
+    # MiniMax 2025: clipped, detached importance weight times the log-prob gradient; no lower bound.
+    "cispo": {"advantage": "grpo", "policy_loss": "cispo", "loss_agg": "token-mean", "kl": {"coef": 0.0},
+              "clip": {"low": 1.0, "high": 2.0}},
+    # Zhao et al. 2025: geometric mean of the token ratios, clipped in log space to (-0.4, 0.4).
+    "gmpo": {"advantage": "grpo", "policy_loss": "gmpo", "loss_agg": "seq-mean-token-mean", "kl": {"coef": 0.0},
+             "clip": {"low": 0.4, "high": 0.4}},
+    # Gao et al. 2025: a soft sigmoid gate instead of the clip, faster decay for negative advantages.
+    "sapo": {"advantage": "grpo", "policy_loss": "sapo", "loss_agg": "seq-mean-token-mean", "kl": {"coef": 0.0},
+             "policy_loss_kwargs": {"tau_pos": 1.0, "tau_neg": 1.05}},
+    # Qi et al. 2026: a trust region on the sampled token's probability change (binary TV), not the ratio.
+    "dppo": {"advantage": "grpo", "policy_loss": "dppo_tv", "loss_agg": "token-mean", "kl": {"coef": 0.0},
+             "clip": {"low": 0.2, "high": 0.2}},
 }
 
 
 class GRPOConfig(RLConfig):
-    """Critic-free RL: GRPO, Dr. GRPO, RLOO, REINFORCE(++), ReMax, DAPO; ``algorithm`` fills in a named
+    """Critic-free RL: GRPO, Dr. GRPO, RLOO, REINFORCE(++), ReMax, DAPO, GSPO, CISPO, GMPO, SAPO, DPPO; ``algorithm`` fills in a named
     method's settings (explicit keys still win)."""
 
     type: Literal["grpo"] = Field("grpo", description="the stage type")
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo"] | None = Field(
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo", "gspo", "cispo",
+                       "gmpo", "sapo", "dppo"] | None = Field(
         None, description="a preset: the named method's advantage, loss aggregation, KL, clip and shaping")
 
     @model_validator(mode="before")

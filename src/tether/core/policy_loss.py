@@ -30,13 +30,15 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 LOG_RATIO_CLAMP = 20.0
 
 
-def _check_shapes(**tensors: Tensor) -> None:
+def check_shapes(**tensors: Tensor) -> None:
+    """ValueError unless every tensor has the same 2-d shape (B, T)."""
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) != 1 or next(iter(tensors.values())).dim() != 2:
         raise ValueError(f"expected tensors of one shape (B, T), got {shapes}")
 
 
-def _frac(condition: Tensor, mask: Tensor) -> Tensor:
+def masked_fraction(condition: Tensor, mask: Tensor) -> Tensor:
+    """The fraction of masked positions where ``condition`` holds, detached; shapes (B, T)."""
     return masked_mean(condition.to(torch.float32), mask).detach()
 
 
@@ -69,7 +71,7 @@ def ppo_clip(
     (A > 0 and r > 1 + clip_high), dual_clip_frac (A < 0 and r > c; 0 without dual_clip),
     approx_kl (k3 estimate of KL(pi_old || pi): r - 1 - log r), ratio_mean.
     """
-    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (it caps the loss at dual_clip * |A|), got {dual_clip}")
     advantages = advantages.detach()
@@ -89,9 +91,9 @@ def ppo_clip(
     )
     ratio, log_ratio = ratio.detach(), log_ratio.detach()
     metrics = {
-        "clip_frac_low": _frac((advantages < 0) & (ratio < 1.0 - clip_low), mask),
-        "clip_frac_high": _frac((advantages > 0) & (ratio > 1.0 + clip_high), mask),
-        "dual_clip_frac": _frac((advantages < 0) & (ratio > (dual_clip or float("inf"))), mask),
+        "clip_frac_low": masked_fraction((advantages < 0) & (ratio < 1.0 - clip_low), mask),
+        "clip_frac_high": masked_fraction((advantages > 0) & (ratio > 1.0 + clip_high), mask),
+        "dual_clip_frac": masked_fraction((advantages < 0) & (ratio > (dual_clip or float("inf"))), mask),
         "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
         "ratio_mean": masked_mean(ratio, mask),
     }
@@ -121,7 +123,7 @@ def vanilla_pg(
     the gradient equals ppo_clip's when the data is exactly on-policy (r = 1). Metrics:
     logprob_mean.
     """
-    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     per_token = -advantages.detach() * logprobs
     loss = agg_loss(
         per_token,
@@ -157,7 +159,7 @@ def value_loss_clipped(
     Metrics: value_clip_frac (the clipped term is the larger), explained_variance
     (1 - Var(R - V) / Var(R), masked, +1e-8 in the denominator), value_mean.
     """
-    _check_shapes(values=values, old_values=old_values, returns=returns, mask=mask)
+    check_shapes(values=values, old_values=old_values, returns=returns, mask=mask)
     old_values, returns = old_values.detach(), returns.detach()
     unclipped = (values - returns).square()
     clipped = unclipped
@@ -174,7 +176,7 @@ def value_loss_clipped(
     )
     v = values.detach()
     metrics = {
-        "value_clip_frac": _frac(clipped.detach() > unclipped.detach(), mask),
+        "value_clip_frac": masked_fraction(clipped.detach() > unclipped.detach(), mask),
         "explained_variance": 1.0 - _masked_var(returns - v, mask) / (_masked_var(returns, mask) + 1e-8),
         "value_mean": masked_mean(v, mask),
     }

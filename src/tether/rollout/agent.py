@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,7 +288,7 @@ class AgentLoop:
             trajectory.finish_reason = "max_tokens"
             return False
         trajectory.token_ids += obs_ids
-        trajectory.logprobs += [0.0] * len(obs_ids)
+        trajectory.logprobs += [math.nan] * len(obs_ids)  # not sampled: no sampler log-prob
         trajectory.action_mask += [0] * len(obs_ids)
         return True
 

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 # The only figures in metrics.jsonl that depend on the clock rather than on the configuration and seed: a
 # reproducible run repeats every other field exactly (also under a prefix such as ``iter2/``).
-WALL_CLOCK_FIELDS = frozenset({"time", "step_time", "time/generation", "completions_per_s", "tokens_per_s",
+WALL_CLOCK_FIELDS = frozenset({"time", "step_time", "time/generation", "time/frozen_passes", "completions_per_s", "tokens_per_s",
                                "loss_tokens_per_s", "round/generation_time", "round/score_time"})
 
 

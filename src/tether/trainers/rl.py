@@ -13,8 +13,10 @@ critic exists when the config has one (``ppo``).
 How it departs from the papers: the KL estimators, the clipped surrogate, the aggregation and the
 advantages are exactly as in ``tether.core``; "old" log-probs are recomputed by a forward pass when
 more than one update uses a rollout (or the KL goes into the reward), and equal the current log-probs
-(ratio 1) otherwise, as in TRL and verl. The sampler's own log-probs travel in the batch
-(``sampler_logprobs``) but are not used for the update.
+(ratio 1) otherwise, as in TRL and verl; with ``old_logprobs: sampler`` the engine's own log-probs are
+the old policy and that pass is skipped. Every step compares the sampler's log-probs with the trainer's
+(``mismatch/*``) and, with ``rollout_correction``, weights each token's policy-gradient term by the
+registry correction (see rollout_consistency.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tether.config.rl import RLConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
 from tether.core.aggregation import agg_loss, masked_mean, num_seqs, num_tokens
 from tether.core.kl import KL_CONTROLLERS, kl_penalty
-from tether.core.policy_loss import POLICY_LOSSES, value_loss_clipped
+from tether.core.policy_losses import POLICY_LOSSES, value_loss_clipped
 from tether.data.sources import record_columns, training_prompts
 from tether.models.loading import frozen_copy
 from tether.models.logprobs import completion_logprobs
@@ -45,6 +47,7 @@ from tether.scoring import reward_composer
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters, global_advantages
+from tether.trainers.rollout_consistency import MismatchTracker, sampler_as_old
 
 
 @dataclass
@@ -69,6 +72,7 @@ class RLBatch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T) the critic's targets
     gold: torch.Tensor | None = None  # (B,) the gold reward, logged only
+    mismatch: MismatchTracker | None = None  # the trainer's log-probs beside the sampler's; the correction
 
     def __len__(self) -> int:
         return len(self.rollout)
@@ -249,6 +253,8 @@ class RLTrainer(Trainer):
         if cfg.rollout.mask_truncated:
             mask = mask * (~batch.truncated).float()[:, None]
         batch.mask = mask * batch.valid.float()[:, None]
+        batch.mismatch = MismatchTracker(batch.sampler_logprobs, batch.mask, cfg.rollout_correction,
+                                         policy_version=lambda: self.scheduler.last_epoch)
         size = cfg.rollout.group_size
         filled = torch.where(batch.valid, scores, scores.view(-1, size).nanmean(1).nan_to_num(0.0).repeat_interleave(size))
         batch.rewards = self._global(filled, lambda whole, flags: shape_scores(
@@ -274,8 +280,14 @@ class RLTrainer(Trainer):
         reuse = cfg.num_iterations > 1 or cfg.mini_batches > 1
         if self.needs_reference():  # the frozen copy, or the base model with the LoRA adapter off
             batch.ref_logprobs = self.frozen_logprobs(batch.rollout, reference=True)
-        if reuse or (batch.ref_logprobs is not None and cfg.kl.in_reward):
+        if cfg.old_logprobs == "sampler":  # the engine's log-probs are the behaviour policy: no pass
+            batch.old_logprobs = sampler_as_old(batch.sampler_logprobs, batch.mask)
+            if batch.ref_logprobs is not None and cfg.kl.in_reward:
+                batch.kl = torch.where(batch.mask != 0, kl_penalty(batch.old_logprobs, batch.ref_logprobs,
+                                                                   cfg.kl.estimator), 0.0)
+        elif reuse or (batch.ref_logprobs is not None and cfg.kl.in_reward):
             behaviour = self.frozen_logprobs(batch.rollout, reference=False)
+            batch.mismatch.record(torch.arange(len(batch), device=behaviour.device), behaviour)
             batch.old_logprobs = behaviour if reuse else None
             if batch.ref_logprobs is not None:
                 batch.kl = torch.where(batch.mask != 0, kl_penalty(behaviour, batch.ref_logprobs, cfg.kl.estimator), 0.0)
@@ -356,7 +368,9 @@ class RLTrainer(Trainer):
             batch = self.collect()
         gen_time = time.perf_counter() - start
         self.prepare(batch)
+        frozen_start = time.perf_counter()
         self.frozen_passes(batch)
+        frozen_time = time.perf_counter() - frozen_start
         adv = self.advantages(batch)
         batch.advantages, batch.returns = adv.advantages, adv.returns
         if "running_baseline" in adv.state:
@@ -366,10 +380,12 @@ class RLTrainer(Trainer):
         metrics = dict(batch.metrics)
         metrics.update({f"advantage/{k}": v for k, v in adv.metrics.items()})
         metrics.update(update_metrics)
+        metrics.update(batch.mismatch.metrics())
         metrics.update(self.rollout_metrics(batch))
         if batch.token_rewards is not None:
             metrics.update(self.adapt_kl(batch))
-        metrics.update({"time/generation": gen_time, "completions_per_s": len(batch) / (time.perf_counter() - start)})
+        metrics.update({"time/generation": gen_time, "time/frozen_passes": frozen_time,
+                        "completions_per_s": len(batch) / (time.perf_counter() - start)})
         if self.step % cfg.sample_every == 0:
             self.logger.write_samples(self.step, self.samples(batch))
         return metrics
@@ -440,9 +456,14 @@ class RLTrainer(Trainer):
         agg = {"global_tokens": denominators["global_tokens"], "global_seqs": denominators["global_seqs"],
                "norm_constant": cfg.rollout.max_new_tokens}
         old = batch.old_logprobs[rows] if batch.old_logprobs is not None else logps.detach()
+        batch.mismatch.record(rows, logps)
+        advantages = batch.advantages[rows]
+        weights = batch.mismatch.weights(rows, old)
+        if weights is not None:  # every registered loss is positively homogeneous in A: this weights its term
+            advantages = advantages * weights
         loss, pg_metrics = POLICY_LOSSES.get(cfg.policy_loss)(
-            logps, old, batch.advantages[rows], m, clip_low=cfg.clip.low, clip_high=cfg.clip.high,
-            dual_clip=cfg.clip.dual, loss_agg=cfg.loss_agg, **agg)
+            logps, old, advantages, m, clip_low=cfg.clip.low, clip_high=cfg.clip.high,
+            dual_clip=cfg.clip.dual, loss_agg=cfg.loss_agg, **agg, **cfg.policy_loss_kwargs)
         metrics = {f"policy/{k}": v for k, v in pg_metrics.items()}
         metrics["policy/loss"] = loss.detach()
         if batch.ref_logprobs is not None:
