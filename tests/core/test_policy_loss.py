@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tether.core.aggregation import num_seqs, num_tokens
-from tether.core.policy_loss import POLICY_LOSSES, ppo_clip, value_loss_clipped, vanilla_pg
+from tether.core.policy_loss import ppo_clip, value_loss_clipped, vanilla_pg
+from tether.core.policy_losses import POLICY_LOSSES
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -170,7 +171,8 @@ def test_metrics_are_detached_tensors_and_empty_mask_is_finite(name):
 
 
 def test_unknown_policy_loss_lists_valid_names():
-    with pytest.raises(KeyError, match="valid names: ppo_clip, vanilla_pg"):
+    with pytest.raises(KeyError, match="valid names: cispo, dppo_kl, dppo_tv, gmpo, gspo, gspo_token, ppo_clip, "
+                                       "sapo, vanilla_pg"):
         POLICY_LOSSES.get("grpo")
 
 
