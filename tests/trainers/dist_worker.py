@@ -79,7 +79,7 @@ def build(trainer: str, strategy: str, out: Path, steps: int, save_every: int | 
         # g / sqrt(v) does for near-zero gradients) and the final weights can be compared too
         common = {**common, "optim": {"lr": 0.05, "eps": 1.0, "schedule": "constant"}}
         cfg = PPOConfig(**common, **rl, critic={"init": "policy", "coef": 0.5}, rollout={"group_size": 2,
-                        "max_new_tokens": 8}, reward_norm="batch", entropy_coef=0.01, num_iterations=2,
+                        "max_new_tokens": 8}, reward_norm="batch", entropy={"coef": 0.01}, num_iterations=2,
                         kl={"coef": 0.05, "controller": "adaptive", "target": 0.5, "horizon": 8})
         trainer_ = PPOTrainer(cfg, model, tokenizer, out, stage=trainer)
         trainer_.engine = ScriptedEngine(tokenizer)

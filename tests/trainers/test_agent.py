@@ -43,7 +43,7 @@ def test_observation_token_logits_get_exactly_zero_gradient(tmp_path, kl, share)
     """One full training step (policy loss, KL, entropy bonus, two passes with old log-probs): the gradient
     reaching the logits that score observation tokens is exactly zero; the policy's tokens get gradient.
     Both update layouts: a group's completions sharing their prompt, and side by side."""
-    t = trainer(tmp_path, config(kl=kl, entropy_coef=0.01, num_iterations=2, prefix_sharing=share,
+    t = trainer(tmp_path, config(kl=kl, entropy={"coef": 0.01}, num_iterations=2, prefix_sharing=share,
                                  train={"max_steps": 1, "batch_size": 2, "progress": False}))
     captured = []
 

@@ -21,6 +21,7 @@ from tether.core.advantages import ADVANTAGE_ESTIMATORS
 from tether.core.aggregation import LOSS_AGGREGATIONS
 from tether.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from tether.core.policy_losses import POLICY_LOSSES, extra_arguments
+from tether.core.reward_aggregation import REWARD_AGGREGATIONS
 from tether.core.rollout_correction import ROLLOUT_CORRECTIONS
 
 
@@ -111,6 +112,24 @@ class RolloutCorrectionConfig(StrictModel):
         return self
 
 
+class AdaptiveEntropyConfig(StrictModel):
+    """Skywork-OR1's adaptive entropy control: the bonus coefficient steps toward holding the entropy at a target."""
+
+    target: float = Field(..., gt=0, description="the mean token entropy to hold, nats")
+    step: float = Field(5.0e-4, gt=0, description="the coefficient's change per training step")
+    max_coef: float | None = Field(None, gt=0, description="an upper bound on the coefficient; None: none")
+
+
+class EntropyConfig(StrictModel):
+    """The entropy bonus (subtracted from the loss), fixed or adaptive, and a collapse warning."""
+
+    coef: float = Field(0.0, ge=0, description="weight of the entropy bonus (the starting value when adaptive)")
+    adaptive: AdaptiveEntropyConfig | None = Field(None, description="move the coefficient toward a target "
+                                                                     "entropy; None: fixed")
+    floor: float | None = Field(None, ge=0, description="log entropy/collapse = 1 and warn when the step's mean "
+                                                        "token entropy falls below this; None: off")
+
+
 class CriticConfig(StrictModel):
     """The value model: from the reward model (InstructGPT) or the policy, or a path."""
 
@@ -136,6 +155,9 @@ class RLConfig(StageConfig):
     gold: RewardSpec | None = Field(None, description="a reward only logged (reward/gold), never trained on")
     reward_on_error: Literal["raise", "zero"] = Field("raise", description="a reward function that raises: stop, "
                                                                           "or score the sample 0")
+    reward_aggregation: str = Field("sum", description="how the reward functions combine (REWARD_AGGREGATIONS): "
+                                                       "sum (weighted), gdpo (each normalised within its group "
+                                                       "first, then weighted)")
     reward_workers: int = Field(0, ge=0, description="score rewards in this many Ray actors (extra tether[ray]); "
                                                      "0: in process")
     reward_norm: Literal["none", "batch", "running"] = Field(
@@ -158,7 +180,9 @@ class RLConfig(StageConfig):
     loss_agg: str = Field("seq-mean-token-mean", description="how per-token losses become one (LOSS_AGGREGATIONS)")
     kl: KLConfig = Field(default_factory=KLConfig, description="the KL penalty to the reference")
     clip: ClipConfig = Field(default_factory=ClipConfig, description="the surrogate's clipping")
-    entropy_coef: float = Field(0.0, description="weight of the entropy bonus (subtracted from the loss)")
+    entropy: EntropyConfig = Field(default_factory=EntropyConfig, description="the entropy bonus and its controls")
+    top_entropy_quantile: float | None = Field(None, gt=0, le=1, description="the policy gradient on only this top "
+                                               "fraction of tokens by entropy (Wang et al. 2025: 0.2); None: all")
     critic: CriticConfig | None = Field(None, description="a learned value model (the ppo stage); None: "
                                                           "critic-free")
     num_iterations: int = Field(1, ge=1, description="passes over each rollout batch (GRPO's mu, PPO's epochs)")
@@ -183,6 +207,7 @@ class RLConfig(StageConfig):
             raise ValueError("rollout_correction weighs the trainer's old policy against the sampler: it needs "
                              "old_logprobs: recompute")
         known_name(LOSS_AGGREGATIONS, self.loss_agg)
+        known_name(REWARD_AGGREGATIONS, self.reward_aggregation)
         if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
                              f"({self.rollout.max_new_tokens})")

@@ -1,12 +1,13 @@
 """Every registered policy loss in one import: ``POLICY_LOSSES`` filled with the PPO family
-(policy_loss.py), the sequence-level losses (sequence_policy_loss.py) and the weighted / gated ones
-(weighted_policy_loss.py). Configs and trainers import the registry from here."""
+(policy_loss.py), the sequence-level losses (sequence_policy_loss.py), the weighted / gated ones
+(weighted_policy_loss.py) and the covariance-based entropy controls (covariance_policy_loss.py). Configs
+and trainers import the registry from here."""
 
 from __future__ import annotations
 
 import inspect
 
-from tether.core import sequence_policy_loss, weighted_policy_loss  # noqa: F401  (they register)
+from tether.core import covariance_policy_loss, sequence_policy_loss, weighted_policy_loss  # noqa: F401 (register)
 from tether.core.policy_loss import POLICY_LOSSES, value_loss_clipped
 
 SHARED_ARGUMENTS = frozenset({"logprobs", "old_logprobs", "advantages", "mask", "clip_low", "clip_high", "dual_clip",

@@ -114,6 +114,7 @@ class RewardResult:
     - ``nonfinite``: label -> number of NaN / inf values, treated as None
     - ``timeouts``: label -> of the ``errors``, those that were a ``TimeoutError`` (a verifier out of
       time: a score that would depend on the machine's load)
+    - ``weights``: each function's weight, in ``per_function`` order (for another aggregation of them)
     """
 
     total: Tensor
@@ -122,6 +123,11 @@ class RewardResult:
     errors: dict[str, int]
     nonfinite: dict[str, int]
     timeouts: dict[str, int] = field(default_factory=dict)
+    weights: tuple[float, ...] = ()
+
+    def scores(self) -> Tensor:
+        """The functions' values stacked, shape (K, N), NaN where a function returned none."""
+        return torch.stack(list(self.per_function.values()))
 
     def metrics(self) -> dict[str, float]:
         """``reward/{label}/{mean,std,none,errors,nonfinite,timeouts}`` and ``reward/total/{mean,std,none}``.
@@ -262,7 +268,8 @@ class RewardComposer:
         total = torch.where(present, weights * stacked, torch.zeros_like(stacked)).sum(dim=0)
         valid = valid & torch.isfinite(total)  # a weighted sum beyond float32
         total = torch.where(valid, total, torch.full_like(total, math.nan))
-        return RewardResult(total, per_function, valid, errors, nonfinite, timeouts)
+        return RewardResult(total, per_function, valid, errors, nonfinite, timeouts,
+                            tuple(s.weight for s in self.specs))
 
     def _columns_for(self, i: int, columns: dict[str, list]) -> dict[str, list]:
         kwargs, sig, label = self.kwargs[i], self._signatures[i], self.labels[i]

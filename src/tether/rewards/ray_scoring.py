@@ -50,6 +50,7 @@ def merge_results(results: Sequence[RewardResult]) -> RewardResult:
         errors={k: sum(r.errors[k] for r in results) for k in labels},
         nonfinite={k: sum(r.nonfinite[k] for r in results) for k in labels},
         timeouts={k: sum(r.timeouts.get(k, 0) for r in results) for k in labels},
+        weights=results[0].weights,
     )
 
 

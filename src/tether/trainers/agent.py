@@ -74,7 +74,7 @@ class AgentRLTrainer(RLTrainer):
         columns["trajectory"] = rollout.trajectories
         result = self.rewards.score([r["prompt"] for r in records],
                                     [t.answer or "" for t in rollout.trajectories], columns)
-        return result.total.clone(), result.metrics()
+        return self.combine(result), result.metrics()
 
     def advantages(self, batch: RLBatch) -> AdvantageOutputs:
         out = super().advantages(batch)

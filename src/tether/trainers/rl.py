@@ -36,6 +36,7 @@ from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advant
 from tether.core.aggregation import agg_loss, masked_mean, num_seqs, num_tokens
 from tether.core.kl import KL_CONTROLLERS, kl_penalty
 from tether.core.policy_losses import POLICY_LOSSES, value_loss_clipped
+from tether.core.reward_aggregation import REWARD_AGGREGATIONS
 from tether.data.sources import record_columns, training_prompts
 from tether.models.loading import frozen_copy
 from tether.models.logprobs import completion_logprobs
@@ -45,6 +46,7 @@ from tether.rollout import Rollout, SamplingParams
 from tether.rollout.engines import build_engine
 from tether.scoring import reward_composer
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
+from tether.trainers.entropy_control import EntropyControl
 from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters, global_advantages
 from tether.trainers.rollout_consistency import MismatchTracker, sampler_as_old
@@ -106,6 +108,7 @@ class RLTrainer(Trainer):
         kl = cfg.kl
         self.kl_controller = KL_CONTROLLERS.get(kl.controller)(kl.coef, target=kl.target, horizon=kl.horizon)
         self.moments = RunningMoments()
+        self.entropy = EntropyControl(cfg.entropy, cfg.top_entropy_quantile)
         self.running_baseline: torch.Tensor | None = None
         self.prompt_cursor = 0
 
@@ -145,7 +148,8 @@ class RLTrainer(Trainer):
 
     def extra_state(self) -> dict[str, Any]:
         return {"running_baseline": self.running_baseline, "prompt_cursor": self.prompt_cursor,
-                "kl_controller": self.kl_controller.state_dict(), "reward_moments": self.moments.state_dict()}
+                "kl_controller": self.kl_controller.state_dict(), "reward_moments": self.moments.state_dict(),
+                "entropy_control": self.entropy.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.running_baseline = state.get("running_baseline")
@@ -153,6 +157,8 @@ class RLTrainer(Trainer):
         if "kl_controller" in state:
             self.kl_controller.load_state_dict(state["kl_controller"])
             self.moments.load_state_dict(state["reward_moments"])
+        if "entropy_control" in state:
+            self.entropy.load_state_dict(state["entropy_control"])
 
     # ---- generate and score ---------------------------------------------------------------------
     def next_prompts(self, count: int) -> list[int]:
@@ -187,13 +193,19 @@ class RLTrainer(Trainer):
         """The reward functions' weighted sum per sample (NaN: none), plus DAPO's overlong term when on."""
         prompts, columns = self.columns(indices, rollout)
         result = self.rewards.score(prompts, rollout.texts, columns)
-        rewards = result.total.clone()
+        rewards = self.combine(result)
         if self.config.overlong is not None:
             lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
             rewards = rewards + overlong_penalty(lengths, max_length=self.config.rollout.max_new_tokens,
                                                  buffer=self.config.overlong.buffer,
                                                  penalty=self.config.overlong.penalty)
         return rewards, result.metrics()
+
+    def combine(self, result: Any) -> torch.Tensor:
+        """One reward per sample from the reward functions' values, by ``reward_aggregation``."""
+        weights = torch.tensor(result.weights or [1.0] * len(result.per_function), dtype=result.total.dtype)
+        return REWARD_AGGREGATIONS.get(self.config.reward_aggregation)(result.scores(), weights,
+                                                                       self.config.rollout.group_size)
 
     def collect(self) -> RLBatch:
         """One step's rollouts; with dynamic sampling, groups whose rewards are all equal are
@@ -381,6 +393,7 @@ class RLTrainer(Trainer):
         metrics.update({f"advantage/{k}": v for k, v in adv.metrics.items()})
         metrics.update(update_metrics)
         metrics.update(batch.mismatch.metrics())
+        metrics.update(self.entropy.end_step(update_metrics.get("entropy"), self.step))
         metrics.update(self.rollout_metrics(batch))
         if batch.token_rewards is not None:
             metrics.update(self.adapt_kl(batch))
@@ -447,11 +460,11 @@ class RLTrainer(Trainer):
     def loss(self, batch: RLBatch, rows: torch.Tensor, denominators: dict[str, float]
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The policy loss (registry), plus beta * KL when the KL is in the loss, plus ``critic.coef`` x the
-        clipped value loss with a critic, minus ``entropy_coef`` x the entropy; every term through
+        clipped value loss with a critic, minus ``entropy.coef`` x the entropy; every term through
         ``agg_loss`` with the minibatch's global counts."""
         cfg = self.config
         logps, entropy = self.policy_logprobs(self.model, batch.rollout, rows, with_entropy=True,
-                                              entropy_grad=bool(cfg.entropy_coef))
+                                              entropy_grad=self.entropy.bonus_on)
         m = batch.mask[rows]
         agg = {"global_tokens": denominators["global_tokens"], "global_seqs": denominators["global_seqs"],
                "norm_constant": cfg.rollout.max_new_tokens}
@@ -462,7 +475,7 @@ class RLTrainer(Trainer):
         if weights is not None:  # every registered loss is positively homogeneous in A: this weights its term
             advantages = advantages * weights
         loss, pg_metrics = POLICY_LOSSES.get(cfg.policy_loss)(
-            logps, old, advantages, m, clip_low=cfg.clip.low, clip_high=cfg.clip.high,
+            logps, old, advantages, self.entropy.policy_mask(entropy, m), clip_low=cfg.clip.low, clip_high=cfg.clip.high,
             dual_clip=cfg.clip.dual, loss_agg=cfg.loss_agg, **agg, **cfg.policy_loss_kwargs)
         metrics = {f"policy/{k}": v for k, v in pg_metrics.items()}
         metrics["policy/loss"] = loss.detach()
@@ -479,6 +492,6 @@ class RLTrainer(Trainer):
                             "value/explained_variance": vf["explained_variance"], "value/mean": vf["value_mean"]})
         if entropy is not None:
             metrics["entropy"] = (entropy.detach() * m).sum() / m.sum().clamp(min=1)
-            if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * agg_loss(entropy, m, cfg.loss_agg, **agg)
+            if self.entropy.bonus_on:
+                loss = loss - self.entropy.coef * agg_loss(entropy, m, cfg.loss_agg, **agg)
         return loss, metrics
