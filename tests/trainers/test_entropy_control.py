@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import test_rl  # noqa: E402
+import test_rl
 
 
 def digits_and_length(prompts, completions, **columns):
