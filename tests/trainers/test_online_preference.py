@@ -187,3 +187,14 @@ def test_oaif_arithmetic_recipe_judges_over_http(tmp_path):
 def test_self_rewarding_recipe_runs_with_the_policy_as_judge(tmp_path):
     figures = _run("self-rewarding", tmp_path)["self_rewarding"]
     assert figures["accuracy"] > 0 and figures["round_1/pairs"] > 0
+
+
+def test_every_round_logs_the_sampler_trainer_mismatch(tmp_path):
+    """The fp32 HF engine and the trainer's forward agree to float rounding on every round's samples."""
+    model, tokenizer = build_tiny()
+    OnlinePreferenceTrainer(config(rounds=2, mismatch_samples=32), model, tokenizer, tmp_path,
+                            reward_functions=[digit_fraction]).fit()
+    for key in ("mismatch/logprob_abs_diff_mean", "mismatch/kl_k3", "mismatch/is_ratio_mean"):
+        assert len(rounds_logged(tmp_path, key)) == 2
+    assert all(v <= 1e-5 for v in rounds_logged(tmp_path, "mismatch/logprob_abs_diff_max"))
+    assert all(v > 0 for v in rounds_logged(tmp_path, "mismatch/tokens"))

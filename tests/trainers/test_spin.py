@@ -47,6 +47,9 @@ def test_spin_rounds_pair_demos_with_generations_against_the_previous_iterate(tm
         trainer.step += 1
     previous = {k: v.clone() for k, v in model.state_dict().items()}
     trainer.training_step()  # round 2 starts: its data and reference log-probs come from the round-1 iterate
+    rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rounds = [r for r in rounds if "round" in r]
+    assert len(rounds) == 2 and all(r["mismatch/logprob_abs_diff_max"] <= 1e-5 for r in rounds)
     folder = tmp_path / "spin/rounds/round-001"
     samples, pairs = read(folder / "samples.jsonl"), read(folder / "pairs.jsonl")
     assert len(samples) == 16 and len(pairs) == sum(not s["matches_demo"] for s in samples)

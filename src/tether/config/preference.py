@@ -182,6 +182,8 @@ class OnlineDPOConfig(PreferenceLossConfig, StageConfig):
     reference: Literal["initial", "round"] = Field("initial", description="round: the policy at each round's start")
     self_rewarding: bool = Field(False, description="the policy judges its own samples (scorer.judge)")
     audit: list[RewardSpec] = Field(default_factory=list, description="rewards logged beside the scorer")
+    mismatch_samples: int = Field(256, ge=0, description="compare the sampler's log-probs with the trainer's on "
+                                                         "this many of each round's samples (mismatch/*); 0: off")
     eval_every_rounds: int = Field(1, ge=1, description="held-out evaluation every this many rounds")
     min_pairs: int = Field(1, ge=1, description="a round with fewer pairs makes no update (counted)")
     max_length: int = Field(512, ge=8, description="tokens per prompt + response at most")

@@ -50,13 +50,14 @@ import torch
 
 from tether.config.preference import OnlineDPOConfig
 from tether.core.pairing import make_pairs
+from tether.core.rollout_correction import mismatch_metrics
 from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, write_jsonl_atomic
 from tether.data.pairs import tokenize_pairs
 from tether.data.schedule import BatchSchedule, chunks
 from tether.data.sources import record_columns, training_prompts
 from tether.evaluation import Figures
 from tether.models.loading import frozen_copy
-from tether.models.logprobs import preference_inputs
+from tether.models.logprobs import completion_logprobs, preference_inputs
 from tether.rollout import HFEngine, Rollout, SamplingParams
 from tether.scoring import Scorer, reward_composer
 from tether.trainers.loop import Trainer
@@ -163,7 +164,26 @@ class OnlinePreferenceTrainer(Trainer):
                 pairs.append(self._pair_row(index, group[i], group[j]))
         figures.update(self._round_figures(samples, pairs, indices))
         figures.update({"round/generation_time": generated - start, "round/score_time": time.perf_counter() - generated})
+        figures.update(self.mismatch(rollout))
         return samples, pairs, figures
+
+    @torch.no_grad()
+    def mismatch(self, rollout: Rollout) -> dict[str, float]:
+        """``mismatch/*`` of the round's first ``mismatch_samples`` samples: the sampler's log-probs against the
+        trainer's forward pass of the same policy (before this round's updates)."""
+        n = min(self.config.mismatch_samples, len(rollout))
+        if n == 0:
+            return {}
+        part = rollout.select(range(n))
+        padded = part.to_padded(self.tokenizer.pad_token_id, self.device)
+        self.model.eval()
+        trainer, _ = completion_logprobs(self.model, part.prompt_ids, part.completion_ids,
+                                         temperature=self.config.rollout.temperature or 1.0,
+                                         row_tokens=self.config.pack_length, pad_token_id=self.tokenizer.pad_token_id)
+        sampler = padded["logprobs"].masked_fill(padded["completion_mask"] == 0, float("nan"))
+        trainer = torch.nn.functional.pad(trainer, (0, sampler.shape[1] - trainer.shape[1]))
+        figures = mismatch_metrics(trainer, sampler, padded["completion_mask"].float())
+        return {f"mismatch/{k}": float(v) for k, v in figures.items()}
 
     def _sample_rows(self, indices: list[int], rollout: Rollout, scores: list[float | None],
                      audit: list[float] | None) -> list[dict]:
@@ -362,6 +382,7 @@ class SPINTrainer(OnlinePreferenceTrainer):
                    for i, t, d, f in zip(prompt_of, rollout.texts, demos, rollout.finish_reasons, strict=True)]
         figures = {"round/samples": len(samples), "round/pairs": len(pairs), "round/match_rate": matched / len(samples),
                    "round/prompts": len(indices), "round/generation_time": time.perf_counter() - start}
+        figures.update(self.mismatch(rollout))
         return samples, pairs, figures
 
     def start_round(self, r: int) -> None:
