@@ -23,7 +23,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -396,6 +396,41 @@ def headline_plot(aggregated: dict[str, dict], key: str) -> bytes | None:
     return _png(fig)
 
 
+def comparison_png(run_dirs: Sequence[Path], stages: Sequence[str], keys: Sequence[str], title: str) -> bytes | None:
+    """One panel per metric, one line per stage: the stage's value against step, averaged over the runs
+    (seeds) that logged it at that step; None when no stage logged any of the metrics."""
+    runs = [stage_metrics(read_jsonl(Path(d) / "metrics.jsonl")[0]) for d in run_dirs]
+    panels: dict[str, dict[str, Series]] = {}
+    for key in keys:
+        for stage in stages:
+            series = [run.get(stage, {}).get(key, {}) for run in runs]
+            steps = sorted(set().union(*series))
+            mean = {step: sum(s[step] for s in series if step in s) / sum(step in s for s in series) for step in steps}
+            if mean:
+                panels.setdefault(key, {})[stage] = mean
+    if not panels:
+        return None
+    label = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
+    return small_multiples(title + label, panels)
+
+
+def _comparisons(run_dir: Path, seeds: Sequence[int]) -> list[str]:
+    """The across-seed plots of the recipe's ``compare`` stages (their spec is in the first seed's stage.json),
+    written to ``run_dir/<file>``."""
+    out = []
+    first = run_dir / f"seed-{seeds[0]}" if seeds else run_dir
+    for marker in sorted(first.glob("*/stage.json")):
+        spec = json.loads(marker.read_text())
+        if spec.get("type") != "compare":
+            continue
+        png = comparison_png([run_dir / f"seed-{k}" for k in seeds], spec["stages"], spec["metrics"],
+                             spec.get("title") or spec["stage"])
+        if png is not None:
+            (run_dir / spec["file"]).write_bytes(png)
+            out.append(figure_html(spec["stage"], png, f"{spec['file']}: mean over seeds"))
+    return out
+
+
 def write_seeds_report(run_dir: Path) -> Path:
     """The report of ``tether run --seeds``: the across-seed table, the headline figures per seed with their
     mean and interval, and every stage's curves with one line per seed."""
@@ -410,6 +445,7 @@ def write_seeds_report(run_dir: Path) -> Path:
         if png is not None:
             (plots_dir / f"seeds-{safe_name(key)}.png").write_bytes(png)
             body.append(figure_html(key, png))
+    body.extend(_comparisons(run_dir, seeds))
     for stage in dict.fromkeys(stage for metrics in runs.values() for stage in metrics):
         plots = stage_plots(stage, {label: metrics.get(stage, {}) for label, metrics in runs.items()})
         for plot in plots:

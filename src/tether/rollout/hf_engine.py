@@ -16,6 +16,10 @@ than ``model.generate``:
    most three quarters of the batch is still running the finished rows are dropped from the batch
    and the cache (``batch_select_indices``); the loop ends when every row is done.
 
+``dtype`` (``rollout.engine_options: {dtype: bfloat16}``) samples from a copy of the model in that
+precision, its weights copied from the live model before every ``generate``: the sampler then differs
+from the float32 trainer the way a bf16 inference engine does (the ``mismatch-study`` recipe).
+
 Departures from ``model.generate``: no repetition penalty, beam search or other logits processors;
 log-probs follow the definition in :mod:`tether.rollout.base` (``log_softmax(logits / T)`` of the
 sampled token, top-k / top-p truncation not reflected). Stop strings are matched on decoded text
@@ -25,6 +29,7 @@ token ids keep every sampled token.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -189,9 +194,16 @@ class HFEngine:
     all of one call in a single batch.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None, static: bool = True) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None, static: bool = True,
+                 dtype: str | None = None) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.source = model
+        if dtype is not None:
+            if dtype not in ("bfloat16", "float16", "float32"):
+                raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+            model = copy.deepcopy(model).to(getattr(torch, dtype))
+            model.requires_grad_(False)
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -209,6 +221,15 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        """Copy the live model's weights into the lower-precision sampling copy (rounded to its dtype)."""
+        source = dict(self.source.named_parameters())
+        source.update(self.source.named_buffers())
+        for name, tensor in [*self.model.named_parameters(), *self.model.named_buffers()]:
+            if name in source:
+                tensor.copy_(source[name])
+
     # -- public API ---------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
@@ -219,6 +240,8 @@ class HFEngine:
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if self.model is not self.source:
+            self.sync_weights()
         rows = [i for i in range(len(prompts)) for _ in range(params.n)]
         chunk = self.batch_size or len(rows)
         generator = None

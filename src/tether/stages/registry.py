@@ -14,6 +14,7 @@ from typing import Any
 
 from tether.config.agent import AgentConfig, AgentSFTConfig
 from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
+from tether.config.compare import CompareConfig
 from tether.config.common import StageConfig
 from tether.config.distill import BestOfNConfig, FilterStageConfig, GenerateConfig, SelfDistillConfig
 from tether.config.preference import (
@@ -27,7 +28,7 @@ from tether.config.rl import GRPOConfig, PPOConfig
 from tether.config.rlhf import GoldDataConfig, OverOptimizationConfig
 from tether.config.sft import EvalStageConfig, PretrainConfig, SFTConfig
 from tether.core.registry import Registry
-from tether.stages import api, cai, distill, judge_data, rlhf
+from tether.stages import api, cai, compare, distill, judge_data, rlhf
 from tether.trainers.checkpoint import mark_done
 
 StageRun = Callable[[Any, Path, bool], dict[str, Any]]
@@ -68,7 +69,8 @@ STAGES: dict[str, StageType] = {
     "dpo": StageType(DPOConfig, trains(api.train_dpo),
                      "offline preference optimisation: DPO, IPO, cDPO, hinge, RPO, SimPO, ORPO, SPPO, KTO, WPO"),
     "grpo": StageType(GRPOConfig, trains(api.train_grpo),
-                      "critic-free RL: GRPO, Dr. GRPO, RLOO, REINFORCE(++), ReMax, DAPO"),
+                      "critic-free RL: GRPO, Dr. GRPO, RLOO, REINFORCE(++), ReMax, DAPO, GSPO, CISPO, GMPO, SAPO, "
+                      "DPPO"),
     "ppo": StageType(PPOConfig, trains(api.train_ppo),
                      "PPO-RLHF with a critic (InstructGPT): GAE, KL in the reward, value loss"),
     "online_dpo": StageType(OnlineDPOConfig, trains(api.train_online_dpo),
@@ -104,6 +106,8 @@ STAGES: dict[str, StageType] = {
                               "STaR / ReST / RAFT: rounds of generate -> filter -> SFT"),
     "best_of_n": StageType(BestOfNConfig, distill.run_best_of_n_stage,
                            "held-out best-of-n accuracy against n, per scorer, with a plot"),
+    "compare": StageType(CompareConfig, compare.run_compare,
+                         "a figure of earlier stages' metrics over steps side by side (over seeds: the mean)"),
 }
 
 STAGE_TYPES: Registry[StageType] = Registry("stage type")
