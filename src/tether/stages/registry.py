@@ -14,8 +14,8 @@ from typing import Any
 
 from tether.config.agent import AgentConfig, AgentSFTConfig
 from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
-from tether.config.compare import CompareConfig
 from tether.config.common import StageConfig
+from tether.config.compare import CompareConfig
 from tether.config.distill import BestOfNConfig, FilterStageConfig, GenerateConfig, SelfDistillConfig
 from tether.config.preference import (
     DPOConfig,
