@@ -181,3 +181,39 @@ def test_body_limit_counts_a_chunked_body_as_it_arrives():
     assert run([b"12345", b"12345"]) == (200, b"10")
     status, body = run([b"123456", b"123456", b"1"])
     assert status == 413 and b"over the limit of 10 bytes" in body
+
+
+def test_logprobs_are_the_samplers_and_reach_the_openai_engine():
+    """``logprobs: 0`` (completions) and ``logprobs: true`` (chat) return each sampled token's log-prob, the
+    same as a forward pass of the model; the OpenAI engine with ``logprobs=True`` puts them in its Rollout;
+    top alternatives are refused in one line."""
+    from tether.models.logprobs import completion_logprobs
+
+    model, tokenizer = build_tiny()
+    with BackgroundServer(create_app(model, tokenizer, max_tokens_default=12)) as server:
+        url = server.base_url
+        status, body = call(f"{url}/completions", {"prompt": "12+3=", "logprobs": 0, "seed": 1, "max_tokens": 10},
+                            key=None)
+        assert status == 200
+        block = body["choices"][0]["logprobs"]
+        assert len(block["tokens"]) == len(block["token_logprobs"]) > 0 and block["top_logprobs"] is None
+        status, chat = call(f"{url}/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                        "logprobs": True, "max_tokens": 6}, key=None)
+        assert status == 200 and all("logprob" in t for t in chat["choices"][0]["logprobs"]["content"])
+        status, error = call(f"{url}/completions", {"prompt": "1", "logprobs": 2}, key=None)
+        assert status == 400 and "logprobs" in error["error"]["message"]
+        engine = OpenAIEngine(url, "tether", tokenizer=tokenizer, logprobs=True, max_retries=0)
+        prompt = tokenize_prompts(["12+3="], tokenizer)[0]
+        rollout = engine.generate([prompt], SamplingParams(n=4, temperature=0.8, max_new_tokens=10, seed=2))
+    padded = rollout.to_padded(tokenizer.pad_token_id)
+    with torch.no_grad():
+        trainer, _ = completion_logprobs(model, rollout.prompt_ids, rollout.completion_ids, temperature=0.8,
+                                         row_tokens=128, pad_token_id=tokenizer.pad_token_id)
+    aligned = 0
+    for i, ids in enumerate(rollout.completion_ids):  # a sample whose text re-tokenises otherwise has none (NaN)
+        sent = padded["logprobs"][i, :len(ids)]
+        if torch.isnan(sent).all():
+            continue
+        torch.testing.assert_close(sent, trainer[i, :len(ids)], atol=1e-5, rtol=0)
+        aligned += 1
+    assert aligned >= 2, rollout.texts

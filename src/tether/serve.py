@@ -138,13 +138,31 @@ class ServeState:
                              f"model's context length of {self.context_length}")
         with self.lock:
             rollout = self.engine.generate(ids, params)
-        choices = [{"index": i, "text": _strip_stop(text, params.stop), "finish_reason": reason}
-                   for i, (text, reason) in enumerate(zip(rollout.texts, rollout.finish_reasons, strict=True))]
+        choices = [{"index": i, "text": _strip_stop(text, params.stop), "finish_reason": reason,
+                    "tokens": [self.tokenizer.decode([t]) for t in ids], "token_logprobs": list(logprobs)}
+                   for i, (text, reason, ids, logprobs) in enumerate(zip(
+                       rollout.texts, rollout.finish_reasons, rollout.completion_ids, rollout.completion_logprobs,
+                       strict=True))]
         prompt_tokens = sum(len(p) for p in ids)
         completion_tokens = sum(len(c) for c in rollout.completion_ids)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}
         return choices, usage
+
+
+def _completion_logprobs(choice: dict) -> dict:
+    """The completions API's ``logprobs`` block: every sampled token (also past a stop string, as sampled) and
+    its log-prob at the request's temperature, before top-p / top-k; no top alternatives."""
+    tokens = choice["tokens"]
+    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": choice["token_logprobs"], "top_logprobs": None,
+            "text_offset": offsets}
+
+
+def _chat_logprobs(choice: dict) -> dict:
+    """The chat API's ``logprobs`` block, the same figures as :func:`_completion_logprobs`."""
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                        for t, lp in zip(choice["tokens"], choice["token_logprobs"], strict=True)]}
 
 
 def _request_models() -> tuple[type, type]:
@@ -166,6 +184,8 @@ def _request_models() -> tuple[type, type]:
 
     class Completion(Sampling):
         prompt: str | list[str]
+        logprobs: int | None = Field(None, ge=0, le=0, description="0: each sampled token's log-prob (top "
+                                     "alternatives are not returned)")
 
     class Message(BaseModel):
         model_config = ConfigDict(extra="ignore")
@@ -174,6 +194,8 @@ def _request_models() -> tuple[type, type]:
 
     class Chat(Sampling):
         messages: list[Message] = Field(min_length=1)
+        logprobs: bool = False
+        top_logprobs: int | None = Field(None, ge=0, le=0, description="top alternatives are not returned: 0")
 
     return Completion, Chat
 
@@ -234,7 +256,10 @@ def create_app(model: Any = None, tokenizer: Any = None, *, engine: Any = None, 
             raise _HTTPError(400, "prompt: an empty list")
         choices, usage = _run(state, prompts, body)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": state.model_name, "choices": [{**c, "logprobs": None} for c in choices], "usage": usage}
+                "model": state.model_name, "usage": usage,
+                "choices": [{"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"],
+                             "logprobs": _completion_logprobs(c) if body.logprobs is not None else None}
+                            for c in choices]}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     def chat(body: Chat) -> dict:
@@ -243,7 +268,8 @@ def create_app(model: Any = None, tokenizer: Any = None, *, engine: Any = None, 
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": state.model_name, "usage": usage,
                 "choices": [{"index": c["index"], "finish_reason": c["finish_reason"],
-                             "message": {"role": "assistant", "content": c["text"]}} for c in choices]}
+                             "message": {"role": "assistant", "content": c["text"]},
+                             "logprobs": _chat_logprobs(c) if body.logprobs else None} for c in choices]}
 
     return BodyLimit(app, max_request_bytes)
 

@@ -22,7 +22,8 @@ Two interfaces: :meth:`OpenAIEngine.complete` takes text prompts (or message lis
 protocol (token ids in, a :class:`Rollout` out) when a ``tokenizer`` is given. Departures from a
 local engine there: prompt ids are decoded to text (a leading BOS dropped, as the server adds its
 own), completion ids are a re-tokenisation of the returned text, and the sampling log-probs are
-unknown (NaN), so a trainer that needs the exact sampled tokens must not use it.
+unknown (NaN) unless ``logprobs=True`` asks the server for them (``/completions``: ``logprobs: 0``; chat:
+``logprobs: true``) and its tokens are the re-tokenisation's (see :func:`aligned_logprobs`); a trainer that needs the exact sampled tokens must not use it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class TextRollout:
     finish_reasons: list[str]
     prompt_index: list[int]
     usage: dict[str, int] = field(default_factory=dict)
+    logprobs: list[Any] = field(default_factory=list)  # per sample: (tokens, log-probs) the server sent, or None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -123,12 +125,13 @@ class OpenAIEngine:
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, timeout: float = 60.0,
                  max_retries: int = 4, concurrency: int = 8, cache_dir: str | Path | None = None, *,
                  backoff: float = 0.5, max_backoff: float = 30.0, chat: bool = False, tokenizer: Any = None,
-                 prompts_per_request: int = 1) -> None:
+                 prompts_per_request: int = 1, logprobs: bool = False) -> None:
         if max_retries < 0 or concurrency < 1 or timeout <= 0 or prompts_per_request < 1:
             raise ValueError("need max_retries >= 0, concurrency >= 1, timeout > 0 and prompts_per_request >= 1")
         if chat and prompts_per_request > 1:
             raise ValueError("a chat request holds one conversation: prompts_per_request must be 1 with chat=True")
         self.prompts_per_request = prompts_per_request
+        self.logprobs = logprobs
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = None
         if api_key_env is not None:
@@ -222,6 +225,8 @@ class OpenAIEngine:
             body["stop"] = list(params.stop)
         if params.seed is not None:
             body["seed"] = params.seed
+        if self.logprobs:
+            body["logprobs"] = True if self.chat or isinstance(prompt, list) else 0
         if self.chat or isinstance(prompt, list):
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             return "/chat/completions", {**body, "messages": messages}
@@ -256,7 +261,7 @@ class OpenAIEngine:
     @staticmethod
     def _to_text_rollout(results: list[dict], counts: list[int], n: int) -> TextRollout:
         """Choices of request j (for ``counts[j]`` prompts, ``n`` each, prompt-major) in prompt order."""
-        texts, reasons, index = [], [], []
+        texts, reasons, index, logprobs = [], [], [], []
         usage: dict[str, int] = {}
         first = 0
         for response, count in zip(results, counts, strict=True):
@@ -267,13 +272,14 @@ class OpenAIEngine:
             for k, choice in enumerate(choices):
                 i = first + k // n
                 texts.append(_choice_text(choice))
+                logprobs.append(_choice_logprobs(choice))
                 reasons.append("length" if choice.get("finish_reason") == "length" else "stop")
                 index.append(i)
             first += count
             for k, v in (response.get("usage") or {}).items():
                 if isinstance(v, int):
                     usage[k] = usage.get(k, 0) + v
-        return TextRollout(texts, reasons, index, usage)
+        return TextRollout(texts, reasons, index, usage, logprobs)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         """The :class:`GenerationEngine` protocol over HTTP (needs ``tokenizer``); see the module docstring."""
@@ -283,8 +289,10 @@ class OpenAIEngine:
         texts = [self.tokenizer.decode(p[1:] if bos is not None and p and p[0] == bos else p) for p in prompts]
         out = self.complete(texts, params)
         ids = [list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in out.texts]
+        sent = out.logprobs or [None] * len(ids)
+        logprobs = [aligned_logprobs(c, lp, self.tokenizer) for c, lp in zip(ids, sent, strict=True)]
         return Rollout(prompt_ids=[list(prompts[i]) for i in out.prompt_index], completion_ids=ids,
-                       completion_logprobs=[[math.nan] * len(c) for c in ids], finish_reasons=out.finish_reasons,
+                       completion_logprobs=logprobs, finish_reasons=out.finish_reasons,
                        prompt_index=out.prompt_index, texts=out.texts)
 
 
@@ -299,6 +307,35 @@ def _read_until(reply: Any, deadline: float, timeout: float) -> bytes:
         if not chunk:
             return b"".join(parts)
         parts.append(chunk)
+
+
+def _choice_logprobs(choice: dict) -> tuple[list[str] | None, list[float]] | None:
+    """The sampled tokens (text, when sent) and their log-probs of a choice (completions ``logprobs.tokens`` /
+    ``token_logprobs``, chat ``logprobs.content[].token`` / ``.logprob``), or None when the server sent none."""
+    block = choice.get("logprobs")
+    if not isinstance(block, dict):
+        return None
+    tokens, values = block.get("tokens"), block.get("token_logprobs")
+    if values is None and isinstance(block.get("content"), list):
+        items = [item if isinstance(item, dict) else {} for item in block["content"]]
+        tokens, values = [item.get("token") for item in items], [item.get("logprob") for item in items]
+    if not isinstance(values, list):
+        return None
+    tokens = [str(t) for t in tokens] if isinstance(tokens, list) and len(tokens) == len(values) else None
+    return tokens, [float(v) if isinstance(v, int | float) else math.nan for v in values]
+
+
+def aligned_logprobs(ids: list[int], sent: tuple[list[str] | None, list[float]] | None, tokenizer: Any
+                     ) -> list[float]:
+    """The server's log-probs for the re-tokenised ``ids`` when its tokens are these (each id decodes to the
+    server's token text, where it sent them), with at most one more at the end (the EOS the text leaves
+    out); NaN for every token otherwise."""
+    if sent is not None:
+        tokens, values = sent
+        if len(ids) <= len(values) <= len(ids) + 1 and (
+                tokens is None or [tokenizer.decode([i]) for i in ids] == tokens[:len(ids)]):
+            return values[:len(ids)]
+    return [math.nan] * len(ids)
 
 
 def _choice_text(choice: Any) -> str:
