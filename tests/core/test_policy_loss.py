@@ -171,8 +171,8 @@ def test_metrics_are_detached_tensors_and_empty_mask_is_finite(name):
 
 
 def test_unknown_policy_loss_lists_valid_names():
-    with pytest.raises(KeyError, match="valid names: cispo, dppo_kl, dppo_tv, gmpo, gspo, gspo_token, ppo_clip, "
-                                       "sapo, vanilla_pg"):
+    with pytest.raises(KeyError, match="valid names: cispo, clip_cov, dppo_kl, dppo_tv, gmpo, gspo, gspo_token, "
+                                       "kl_cov, ppo_clip, sapo, vanilla_pg"):
         POLICY_LOSSES.get("grpo")
 
 
