@@ -16,18 +16,10 @@ def digits_and_length(prompts, completions, **columns):
     return [float(len(c)) for c in completions]
 
 
-def steps(t, n):
-    out = []
-    for _ in range(n):
-        out.append(t.training_step())
-        t.step += 1
-    return out
-
-
 def test_adaptive_coefficient_rises_while_entropy_is_below_target_and_resumes(tmp_path):
     cfg = test_rl.config(entropy={"coef": 0.0, "adaptive": {"target": 100.0, "step": 0.002}})
     t = test_rl.trainer(tmp_path, cfg)
-    coefs = [float(m["entropy/coef"]) for m in steps(t, 3)]
+    coefs = [float(m["entropy/coef"]) for m in test_rl.run_steps(t, 3)]
     assert coefs == pytest.approx([0.0, 0.002, 0.004])
     state = t.extra_state()
     fresh = test_rl.trainer(tmp_path / "fresh", cfg)
@@ -38,11 +30,11 @@ def test_adaptive_coefficient_rises_while_entropy_is_below_target_and_resumes(tm
 def test_collapse_floor_warns(tmp_path, caplog):
     t = test_rl.trainer(tmp_path, test_rl.config(entropy={"floor": 100.0}))
     with caplog.at_level(logging.WARNING):
-        m = steps(t, 1)[0]
+        m = test_rl.run_steps(t, 1)[0]
     assert m["entropy/collapse"] == 1.0
     assert "entropy collapse" in caplog.text
     t = test_rl.trainer(tmp_path / "low", test_rl.config(entropy={"floor": 1e-6}))
-    assert steps(t, 1)[0]["entropy/collapse"] == 0.0
+    assert test_rl.run_steps(t, 1)[0]["entropy/collapse"] == 0.0
 
 
 def test_top_entropy_quantile_trains_on_the_top_fraction(tmp_path):
@@ -57,7 +49,7 @@ def test_top_entropy_quantile_trains_on_the_top_fraction(tmp_path):
         return kept
 
     t.entropy.policy_mask = spy
-    steps(t, 2)
+    test_rl.run_steps(t, 2)
     assert fractions and all(0.15 <= f <= 0.3 for f in fractions), fractions
 
 
@@ -65,7 +57,7 @@ def test_top_entropy_quantile_trains_on_the_top_fraction(tmp_path):
 def test_covariance_losses_train(tmp_path, loss):
     kwargs = {"clip_fraction": 0.05, "cov_low": 0.0, "cov_high": 100.0} if loss == "clip_cov" else {"kl_fraction": 0.05}
     t = test_rl.trainer(tmp_path, test_rl.config(policy_loss=loss, policy_loss_kwargs=kwargs, num_iterations=2))
-    m = steps(t, 2)[-1]
+    m = test_rl.run_steps(t, 2)[-1]
     key = "policy/cov_clipped_frac" if loss == "clip_cov" else "policy/cov_kl_frac"
     assert 0 < float(m[key]) <= 0.1
 
@@ -76,7 +68,7 @@ def test_gdpo_combines_rewards_per_group(tmp_path):
     batches = []
     collect = t.collect
     t.collect = lambda: batches.append(collect()) or batches[-1]
-    steps(t, 1)
+    test_rl.run_steps(t, 1)
     scores = batches[0].scores.view(-1, 4)
     # each function normalised within the group and summed: every group's total sums to ~0
     assert scores.sum(1).abs().max() < 1e-4

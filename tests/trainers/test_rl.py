@@ -33,6 +33,15 @@ def trainer(tmp_path, cfg, model=None, rewards=(digit_fraction,)):
     return RLTrainer(cfg, model, build_tiny()[1], tmp_path, reward_functions=list(rewards))
 
 
+def run_steps(t, n):
+    """``n`` training steps; each step's metrics."""
+    out = []
+    for _ in range(n):
+        out.append(t.training_step())
+        t.step += 1
+    return out
+
+
 def rewards_over_steps(t, steps):
     out = []
     for _ in range(steps):

@@ -21,19 +21,11 @@ KEYS = {"mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mism
         "mismatch/is_ratio_mean", "mismatch/is_ratio_max"}
 
 
-def steps(t, n):
-    out = []
-    for _ in range(n):
-        out.append(t.training_step())
-        t.step += 1
-    return out
-
-
 @pytest.mark.parametrize("share", [True, False], ids=["prefix-shared", "packed"])
 @pytest.mark.parametrize("reuse", [1, 2], ids=["one-pass", "recomputed"])
 def test_fp32_hf_engine_has_no_mismatch(tmp_path, share, reuse):
     t = test_rl.trainer(tmp_path, test_rl.config(prefix_sharing=share, num_iterations=reuse))
-    for m in steps(t, 3):
+    for m in test_rl.run_steps(t, 3):
         assert set(m) >= KEYS
         assert float(m["mismatch/logprob_abs_diff_max"]) <= 1e-5
         assert float(m["mismatch/tokens"]) > 0
@@ -46,7 +38,7 @@ def test_agent_episodes_have_no_mismatch_and_observations_no_sampler_logprob(tmp
     collect = t.collect
     batches = []
     t.collect = lambda: batches.append(collect()) or batches[-1]
-    for m in steps(t, 2):
+    for m in test_rl.run_steps(t, 2):
         assert float(m["mismatch/logprob_abs_diff_max"]) <= 1e-5
     rollout = batches[-1].rollout
     observed = [lp for lps, action in zip(rollout.completion_logprobs, rollout.action_masks, strict=True)
@@ -56,7 +48,7 @@ def test_agent_episodes_have_no_mismatch_and_observations_no_sampler_logprob(tmp
 
 def test_ppo_logs_the_mismatch(tmp_path):
     t = test_ppo.trainer(tmp_path, test_ppo.config(train={"max_steps": 1, "batch_size": 4, "progress": False}))
-    m = steps(t, 1)[0]
+    m = test_rl.run_steps(t, 1)[0]
     assert set(m) >= KEYS and float(m["mismatch/logprob_abs_diff_max"]) <= 1e-5
 
 
@@ -72,7 +64,7 @@ def test_sampler_old_logprobs_skip_the_recompute_pass(tmp_path):
             return _frozen(*args, **kwargs)
 
         t.frozen_logprobs = counting
-        m = steps(t, 2)[-1]
+        m = test_rl.run_steps(t, 2)[-1]
         assert float(m["mismatch/logprob_abs_diff_max"]) <= 1e-5
     assert calls == {"recompute": 2, "sampler": 0}
 
@@ -100,7 +92,7 @@ def perturbed_trainer(tmp_path, rho, **overrides):
 
 
 def test_a_perturbed_sampler_is_measured(tmp_path):
-    m = steps(perturbed_trainer(tmp_path, 3.0, rollout_correction={"mode": "tis", "cap": 2.0}), 1)[0]
+    m = test_rl.run_steps(perturbed_trainer(tmp_path, 3.0, rollout_correction={"mode": "tis", "cap": 2.0}), 1)[0]
     assert float(m["mismatch/logprob_abs_diff_mean"]) == pytest.approx(math.log(3.0), abs=1e-5)
     assert float(m["mismatch/is_ratio_mean"]) == pytest.approx(3.0, abs=1e-4)
     assert float(m["mismatch/kl_k3"]) == pytest.approx(3.0 - 1.0 - math.log(3.0), abs=1e-4)
@@ -115,7 +107,7 @@ def test_tokens_outside_the_band_get_no_gradient(tmp_path, mode):
         t = perturbed_trainer(tmp_path / f"{mode}-{rho}", rho, rollout_correction={"mode": mode, "low": 0.5,
                                                                                     "high": 2.0})
         before = [p.detach().clone() for p in t.model.parameters()]
-        m = steps(t, 1)[0]
+        m = test_rl.run_steps(t, 1)[0]
         changed = any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
         assert changed == moves, (mode, rho)
         assert float(m["mismatch/frac_tokens_corrected"]) == (0.0 if moves else 1.0)
@@ -137,7 +129,7 @@ def test_tis_weights_scale_the_gradient(tmp_path):
             _original(*a, **k)
 
         t.optimizer.zero_grad = capture
-        steps(t, 1)
+        test_rl.run_steps(t, 1)
     torch.testing.assert_close(grads["tis"], 1.5 * grads["none"], rtol=1e-4, atol=1e-7)
 
 
