@@ -406,18 +406,26 @@ def serve_cmd(
     device: str = "cpu",
     dtype: str = "float32",
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    insecure_no_api_key: Annotated[bool, typer.Option(help="allow a non-loopback --host without an API key")]
+    = False,
     max_request_bytes: Annotated[int, typer.Option(help="larger request bodies get HTTP 413")] = 1 << 20,
     max_n: Annotated[int, typer.Option(help="largest n accepted")] = 64,
     max_tokens_limit: Annotated[int, typer.Option(help="largest max_tokens accepted")] = 4096,
+    max_sequences: Annotated[int, typer.Option(help="largest prompts x n in one request")] = 256,
+    max_request_tokens: Annotated[int, typer.Option(help="largest prompts x n x max_tokens in one request")]
+    = 32768,
+    chunk_sequences: Annotated[int, typer.Option(help="sequences generated per turn (requests take turns)")] = 32,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models)."""
-    from tether.serve import serve
+    from tether.serve import ServeBudget, serve
 
     _setup_logging(False)
     try:
-        serve(model, host=host, port=port, model_name=model_name, api_key_env=api_key_env, device=device,
-              dtype=dtype, threads=threads, max_request_bytes=max_request_bytes, max_n=max_n,
-              max_tokens_limit=max_tokens_limit)
+        budget = ServeBudget(max_n=max_n, max_tokens_limit=max_tokens_limit, max_sequences=max_sequences,
+                             max_request_tokens=max_request_tokens, chunk_sequences=chunk_sequences)
+        serve(model, host=host, port=port, model_name=model_name, api_key_env=api_key_env,
+              insecure_no_api_key=insecure_no_api_key, device=device, dtype=dtype, threads=threads,
+              max_request_bytes=max_request_bytes, budget=budget)
     except (ConfigError, ValueError, FileNotFoundError, OSError) as err:
         _fail(str(err))
 
