@@ -116,6 +116,21 @@ def test_rpo_hand_value():
     assert loss_of("rpo", derived, beta=0.1)[0].item() == pytest.approx(1.4212677647, abs=1e-9)
 
 
+def test_nll_norm_token_averages_over_all_chosen_tokens_as_trl():
+    # RPO: token NLL = (10 + 12) / (20 + 12) = 0.6875 (sequence: 0.75); DPO term 0.671268 unchanged.
+    derived = pairs(chosen_lengths=torch.tensor([20, 12]))
+    loss, m = loss_of("rpo", derived, beta=0.1, nll_norm="token")
+    assert loss.item() == pytest.approx(0.6712677647 + 0.6875, abs=1e-9)
+    assert m["nll"].item() == pytest.approx(0.75)  # the logged figure stays the per-sequence mean
+    # ORPO: token NLL = (2 + 6) / (4 + 3) = 8/7 (sequence: 1.25); penalty mean 0.0824075289 unchanged.
+    assert loss_of("orpo", ref_free(), beta=0.1, nll_norm="token")[0].item() == pytest.approx(
+        8 / 7 + 0.0824075289, abs=1e-9)
+    equal = pairs(chosen_lengths=torch.tensor([16, 16]))  # equal lengths: the two conventions agree
+    assert loss_of("rpo", equal, nll_norm="token")[0].item() == pytest.approx(loss_of("rpo", equal)[0].item())
+    with pytest.raises(ValueError, match="nll_norm"):
+        loss_of("rpo", derived, nll_norm="batch")
+
+
 def test_simpo_hand_value():
     # β = 2, γ = 1: rewards chosen 2·[-0.5, -2] = [-1, -4], rejected 2·[-2, -1] = [-4, -2];
     # z = r_c - r_r - γ = [2, -3]; -log σ(2) = 0.126928, -log σ(-3) = 3.048587; mean 1.587758.

@@ -19,8 +19,8 @@ from tether.core.preference import PREFERENCE_LOSSES, UNPAIRED_LOSSES, Preferenc
 from tether.core.reward import STEP_AGGREGATIONS
 
 REFERENCE_FREE = frozenset({"simpo", "orpo"})
-HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "simpo_gamma", "length_normalize", "desirable_weight",
-           "undesirable_weight")
+HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "nll_norm", "simpo_gamma", "length_normalize",
+           "desirable_weight", "undesirable_weight")
 
 
 class RewardModelConfig(StageConfig):
@@ -63,6 +63,9 @@ class PreferenceLossConfig(StrictModel):
     beta: float | None = Field(None, gt=0, description="the implicit reward's scale (DPO's beta)")
     label_smoothing: float | None = Field(None, ge=0, le=0.5, description="cdpo / robust")
     rpo_alpha: float | None = Field(None, ge=0, description="rpo: weight of the chosen NLL")
+    nll_norm: Literal["sequence", "token"] | None = Field(
+        None, description="rpo / orpo: the chosen NLL as a mean per sequence (the papers; default) or over all "
+                          "chosen tokens of the batch (TRL's convention)")
     simpo_gamma: float | None = Field(None, description="simpo: target margin")
     length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
     desirable_weight: float | None = Field(None, gt=0, description="kto")

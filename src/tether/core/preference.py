@@ -82,6 +82,27 @@ def _chosen_nll(inputs: PreferenceInputs, loss: str) -> Tensor:
     return -inputs.chosen_logps / inputs.chosen_lengths.clamp(min=1)
 
 
+NLL_NORMS = ("sequence", "token")
+
+
+def _nll_term(inputs: PreferenceInputs, loss: str, nll_norm: str) -> tuple[Tensor, Tensor]:
+    """The chosen NLL of RPO / ORPO: per pair, and the scalar that enters the loss.
+
+    ``sequence``: the mean over pairs of each chosen completion's mean per-token NLL (the papers' 1/|y_c|
+    per sequence; pair weights apply). ``token``: the mean over every chosen token of the batch, sum_i NLL_i
+    / sum_i |y_c,i| (TRL's DPOTrainer ``rpo_alpha`` and ORPOTrainer convention: long completions weigh more;
+    pair weights do not apply). Equal when all chosen completions have the same length.
+    """
+    nll = _chosen_nll(inputs, loss)
+    if nll_norm == "sequence":
+        return nll, _batch_mean(nll, inputs.weights)
+    if nll_norm != "token":
+        raise ValueError(f"nll_norm must be one of {', '.join(NLL_NORMS)}, got {nll_norm!r}")
+    _require(inputs, f"{loss} with nll_norm='token'", "chosen_lengths")
+    lengths = inputs.chosen_lengths.clamp(min=1).to(nll.dtype)
+    return nll, (nll * lengths).sum() / lengths.sum()
+
+
 def _reward_metrics(chosen: Tensor, rejected: Tensor, inputs: PreferenceInputs) -> Metrics:
     chosen, rejected = chosen.detach(), rejected.detach()
     return {
@@ -184,20 +205,21 @@ def hinge_loss(inputs: PreferenceInputs, *, beta: float = 0.1) -> tuple[Tensor, 
 
 @PREFERENCE_LOSSES.register("rpo")
 def rpo_loss(
-    inputs: PreferenceInputs, *, beta: float = 0.1, rpo_alpha: float = 1.0
+    inputs: PreferenceInputs, *, beta: float = 0.1, rpo_alpha: float = 1.0, nll_norm: str = "sequence"
 ) -> tuple[Tensor, Metrics]:
     """RPO: DPO plus a negative log-likelihood term on the chosen completion.
 
     Pang et al. 2024, "Iterative Reasoning Preference Optimization" (and Liu et al. 2024,
     "Provably Mitigating Overoptimization in RLHF"): ``l = -log σ(β h) + α · NLL(y_c) / |y_c|``.
     The NLL is the mean per token (``chosen_nll``, or ``-chosen_logps / chosen_lengths`` when only
-    lengths are given); α = ``rpo_alpha`` (TRL's name, default 1 as in Pang et al.).
+    lengths are given); α = ``rpo_alpha`` (TRL's name, default 1 as in Pang et al.). ``nll_norm``:
+    ``sequence`` (the paper: a mean per sequence, then over pairs) or ``token`` (TRL: over all chosen
+    tokens of the batch); see :func:`_nll_term`.
     """
     _, _, h, metrics = _ref_based(inputs, "rpo", beta)
-    nll = _chosen_nll(inputs, "rpo")
-    per_pair = -F.logsigmoid(beta * h) + rpo_alpha * nll
+    nll, nll_loss = _nll_term(inputs, "rpo", nll_norm)
     metrics["nll"] = nll.detach().mean()
-    return _batch_mean(per_pair, inputs.weights), metrics
+    return _batch_mean(-F.logsigmoid(beta * h), inputs.weights) + rpo_alpha * nll_loss, metrics
 
 
 @PREFERENCE_LOSSES.register("simpo")
@@ -227,7 +249,7 @@ def _log1mexp(x: Tensor) -> Tensor:
 
 
 @PREFERENCE_LOSSES.register("orpo")
-def orpo_loss(inputs: PreferenceInputs, *, beta: float = 0.1) -> tuple[Tensor, Metrics]:
+def orpo_loss(inputs: PreferenceInputs, *, beta: float = 0.1, nll_norm: str = "sequence") -> tuple[Tensor, Metrics]:
     """ORPO: SFT on the chosen completion plus a log-odds-ratio penalty, no reference model.
 
     Hong et al. 2024, "ORPO: Monolithic Preference Optimization without Reference Model":
@@ -235,17 +257,17 @@ def orpo_loss(inputs: PreferenceInputs, *, beta: float = 0.1) -> tuple[Tensor, M
     ``odds(y) = p / (1 - p)`` and ``p = exp(mean token log π(y))``. β plays the role of λ (as in
     TRL's ORPOTrainer, default 0.1 as in the paper). NLL is the mean per token (``chosen_nll`` or
     ``-chosen_logps / chosen_lengths``). Mean log-probs are clamped to <= -1e-6 so that the odds
-    of a completion the model is certain of stay finite. Rewards reported are the log odds.
+    of a completion the model is certain of stay finite. Rewards reported are the log odds. ``nll_norm``
+    as in ``rpo``: ``sequence`` (the paper) or ``token`` (TRL's ORPOTrainer).
     """
     avg_c, avg_r = _mean_logps(inputs, "orpo")
     avg_c, avg_r = avg_c.clamp(max=-1e-6), avg_r.clamp(max=-1e-6)
     log_odds_c = avg_c - _log1mexp(avg_c)
     log_odds_r = avg_r - _log1mexp(avg_r)
-    nll = _chosen_nll(inputs, "orpo")
-    per_pair = nll - beta * F.logsigmoid(log_odds_c - log_odds_r)
+    nll, nll_loss = _nll_term(inputs, "orpo", nll_norm)
     metrics = _reward_metrics(log_odds_c, log_odds_r, inputs)
     metrics["nll"] = nll.detach().mean()
-    return _batch_mean(per_pair, inputs.weights), metrics
+    return nll_loss + _batch_mean(-beta * F.logsigmoid(log_odds_c - log_odds_r), inputs.weights), metrics
 
 
 @PREFERENCE_LOSSES.register("sppo_hard")
