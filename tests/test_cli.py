@@ -102,19 +102,29 @@ def test_r1_recipe_grpo_beats_sft_over_five_seeds(tmp_path):
     assert gain["n"] == 5 and gain["mean"] >= 0.05 and gain["ci95"][0] > 0, gain
 
 
-def test_grpo_command_takes_a_preset_override(tmp_path):
+def test_invalid_values_are_listed_one_per_line_without_links(tmp_path):
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(tmp_path), "sft.train.max_steps=-1",
+                                 "sft.optim.lr=abc"])
+    assert result.exit_code == 2
+    assert "2 problems" in result.output and "errors.pydantic" not in result.output
+    assert "\n  optim.lr: Input should be a valid number" in result.output
+    assert "\n  train.max_steps: Input should be greater than or equal to 1 (got -1)" in result.output
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "gspo", "cispo", "gmpo", "sapo", "dppo"])
+def test_grpo_command_takes_a_preset_override(tmp_path, algorithm):
     config = tmp_path / "grpo.yaml"
     config.write_text("model: {name_or_path: tether/tiny}\n"
                       "data: {task: {name: arithmetic, n: 8}}\n"
                       "rollout: {group_size: 2, max_new_tokens: 4}\n"
                       "train: {max_steps: 1, batch_size: 2}\n")
     out = tmp_path / "out"
-    result = runner.invoke(app, ["grpo", "--config", str(config), "--out", str(out), "algorithm=rloo"])
+    result = runner.invoke(app, ["grpo", "--config", str(config), "--out", str(out), f"algorithm={algorithm}"])
     assert result.exit_code == 0, result.output
     import yaml
 
     resolved = yaml.safe_load((out / "config.yaml").read_text())["stages"][0]
-    assert resolved["algorithm"] == "rloo"
+    assert resolved["algorithm"] == algorithm
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("reward/total/mean" in r for r in rows)
 

@@ -18,6 +18,23 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message says which key and why."""
 
 
+def describe_validation_error(err: Any) -> str:
+    """A pydantic ``ValidationError`` as one problem per line, ``key.path: message``, without pydantic's
+    framing and web links; a single problem stays on one line."""
+    problems = []
+    for item in err.errors(include_url=False):
+        where = ".".join(str(part) for part in item.get("loc", ())) or "config"
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        given = item.get("input")
+        if item.get("type") in ("missing", "extra_forbidden") or isinstance(given, dict | list):
+            problems.append(f"{where}: {message}")
+        else:
+            problems.append(f"{where}: {message} (got {given!r:.60})")
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems)
+
+
 def known_name(registry: Any, name: str) -> str:
     """Validate a registry name inside a pydantic validator (ValueError lists the valid names)."""
     if name not in registry:

@@ -26,7 +26,7 @@ import torch
 import yaml
 from pydantic import ValidationError
 
-from tether.config.base import ConfigError, deep_merge
+from tether.config.base import ConfigError, deep_merge, describe_validation_error
 from tether.config.common import StageConfig
 from tether.core.determinism import check_deterministic_threads
 from tether.data.files import write_json_atomic
@@ -69,7 +69,7 @@ def stage_config(raw: dict[str, Any]) -> StageConfig:
     try:
         return spec.config_class.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"stage {raw.get('name', stage_type)!r}: {err}") from None
+        raise ConfigError(f"stage {raw.get('name', stage_type)!r}: {describe_validation_error(err)}") from None
     except (TypeError, AttributeError, KeyError) as err:  # a validator that met a value of the wrong type
         raise ConfigError(f"stage {raw.get('name', stage_type)!r}: a key has a value of the wrong type "
                           f"({type(err).__name__}: {err}); check that every block is a mapping") from None
