@@ -109,3 +109,56 @@ def test_the_resume_command_adds_out_and_resume():
         f"tether sft --config 'a b.yaml' --out {run} --resume"
     assert resume_command(["run", "--no-resume", "--out=x", "sft.train.max_steps=3"], Path("x")) == \
         "tether run --out=x sft.train.max_steps=3 --resume"
+
+
+TIMED = """\
+model: {name_or_path: tether/tiny}
+data: {task: {name: arithmetic, options: {digits: 2}, n: 24}, pack_length: 128}
+train: {max_steps: 8, batch_size: 8, save_every_minutes: 0.002, log_every: 1, threads: 1, progress: false}
+optim: {lr: 3.0e-3, schedule: constant}
+eval: {n: 400, max_new_tokens: 24}
+report_to: []
+"""
+
+
+def reference_weights(config: Path, tmp_path: Path) -> dict:
+    reference = tmp_path / "reference"
+    assert wait(cli(["sft", "--config", str(config), "--out", str(reference)], tmp_path / "ref.log")) == 0
+    return load_file(reference / "sft" / "model.safetensors")
+
+
+def test_time_based_checkpoints_survive_a_sigkill_and_a_stop_in_the_final_evaluation_keeps_the_model(tmp_path):
+    """No ``save_every``: the time-based checkpoints (``save_every_minutes``, on by default) are there when a
+    SIGKILL lands mid-training; the end-of-training checkpoint is there when Ctrl-C lands in the final
+    evaluation, so the resumed stage does not train again; both resumed runs end on the uninterrupted weights."""
+    config = tmp_path / "sft.yaml"
+    config.write_text(TIMED)
+    want = reference_weights(config, tmp_path)
+    out = tmp_path / "killed"
+    pid = cli(["sft", "--config", str(config), "--out", str(out)], tmp_path / "killed.log", delay=0.1)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out / "sft") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    wait(pid)
+    assert list_checkpoints(out / "sft"), "no time-based checkpoint before the kill"
+    assert wait(cli(["sft", "--config", str(config), "--out", str(out), "--resume"], tmp_path / "r1.log")) == 0
+    got = load_file(out / "sft" / "model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+    stopped = tmp_path / "stopped"
+    pid = cli(["sft", "--config", str(config), "--out", str(stopped)], tmp_path / "stopped.log")
+    final = stopped / "sft" / "checkpoints" / "step-000008"
+    deadline = time.monotonic() + 120
+    while not final.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the final evaluation (400 problems) is running
+    os.kill(pid, signal.SIGINT)
+    assert wait(pid) != 0
+    assert not (stopped / "sft" / "stage.json").exists() and verify_checkpoint(final)
+    assert wait(cli(["sft", "--config", str(config), "--out", str(stopped), "--resume"], tmp_path / "r2.log")) == 0
+    rows = (stopped / "metrics.jsonl").read_text().splitlines()
+    trained = [r for r in rows if '"loss"' in r]
+    assert len(trained) == 8  # steps 1-8 once: the resumed stage went straight to its evaluation
+    got = load_file(stopped / "sft" / "model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -69,8 +69,11 @@ class LoopConfig(StrictModel):
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated into one optimiser step")
     log_every: int = Field(10, ge=1, description="write metrics every this many steps (and at the last)")
     eval_every: int | None = Field(None, ge=1, description="evaluate every this many steps; None: at the end only")
-    save_every: int | None = Field(None, ge=1, description="checkpoint every this many steps; None: only when "
-                                                            "stopped by a signal")
+    save_every: int | None = Field(None, ge=1, description="checkpoint every this many steps; None: by time "
+                                                            "only (save_every_minutes)")
+    save_every_minutes: float | None = Field(10.0, gt=0, description="checkpoint when this many minutes have "
+                                             "passed since the last one (and at the end of training, before the "
+                                             "final evaluation); None: off")
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
     max_bad_steps: int = Field(5, ge=1, description="non-finite steps in a row (each skipped) that stop the run")
     seed: int = Field(0, description="data order, sampling and minibatch shuffles")

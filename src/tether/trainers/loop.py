@@ -377,6 +377,17 @@ class Trainer:
             return signals.name is not None
         return float(all_reduce_sum(float(signals.name is not None))) > 0
 
+    def _checkpoint_due(self, last_save: float) -> bool:
+        """Whether this step ends with a checkpoint: every ``save_every`` steps, or once ``save_every_minutes``
+        have passed since the last (decided together under torchrun: a checkpoint is collective)."""
+        cfg = self.config.train
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            return True
+        due = cfg.save_every_minutes is not None and time.monotonic() - last_save >= 60 * cfg.save_every_minutes
+        if self.dist.world_size > 1:
+            due = bool(all_reduce_sum(float(due)) > 0)
+        return due
+
     def _stop(self, signals: _StopSignals, saved_step: int | None) -> TrainingInterrupted:
         if saved_step != self.step:
             path = self.save_checkpoint()
@@ -404,7 +415,8 @@ class Trainer:
                 if self.dist.is_main:  # kept on disk: a resumed run still reports its paired gain
                     self.stage_dir.mkdir(parents=True, exist_ok=True)
                     write_json_atomic(self.stage_dir / BEFORE_OUTCOMES, getattr(before, "outcomes", {}))
-            saved_step: int | None = None
+            saved_step: int | None = self.step if self.step > 0 else None  # a resumed step has its checkpoint
+            last_save = time.monotonic()
             mid_step = False
             try:
                 with self._progress() as progress:
@@ -421,9 +433,9 @@ class Trainer:
                             self.logger.log(self.step, reduce_metrics(metrics))
                         if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
                             self.logger.log(self.step, {f"eval/{k}": v for k, v in self.evaluate().items()})
-                        if cfg.save_every and self.step % cfg.save_every == 0:
+                        if self._checkpoint_due(last_save):
                             self.save_checkpoint()
-                            saved_step = self.step
+                            saved_step, last_save = self.step, time.monotonic()
             except KeyboardInterrupt:
                 if mid_step:  # the weights may hold part of a step: a checkpoint now would not resume exactly
                     last = ckpt.list_checkpoints(self.stage_dir)
@@ -435,6 +447,8 @@ class Trainer:
                 raise
             if signals.name is not None or (self.dist.world_size > 1 and self.step < cfg.max_steps):
                 raise self._stop(signals, saved_step)
+            if cfg.save_every_minutes is not None and saved_step != self.step:
+                self.save_checkpoint()  # the trained model is safe before the final evaluation: a stop there resumes here
         final = self.evaluate()
         self.results.update(final)
         before_path = self.stage_dir / BEFORE_OUTCOMES
