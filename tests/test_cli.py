@@ -31,9 +31,17 @@ def test_run_writes_the_run_directory_and_skips_finished_stages(tmp_path):
     AutoTokenizer.from_pretrained(out / "sft")
 
     before = (out / "metrics.jsonl").read_text()
-    again = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK])
-    assert again.exit_code == 0, again.output
+    again = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK, "*.train.log_every=1"])
+    assert again.exit_code == 0, again.output  # a setting that changes nothing trained is not a change
     assert (out / "metrics.jsonl").read_text() == before  # both stages skipped
+    assert not (out / ".lock").exists()  # released
+
+    changed = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK, "sft.optim.lr=0.005"])
+    assert changed.exit_code == 2 and "Traceback" not in changed.output
+    message = " ".join(changed.output.split())
+    assert "stage 'sft'" in message and "trained under another configuration" in message
+    assert "optim.lr: 0.002 -> 0.005" in message and "new --out" in message
+    assert (out / "metrics.jsonl").read_text() == before and "0.005" not in (out / "config.yaml").read_text()
 
 
 def test_bad_override_is_a_clear_error(tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tether.data.files import write_json_atomic
 from tether.report import write_report
 from tether.stages.recipes import apply_recipe_overrides, builtin_recipes, load_recipe
 from tether.stages.registry import STAGE_TYPES
+from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_settings, stage_settings
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.distributed import DistInfo, init_distributed
 
@@ -131,15 +133,27 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
     configs = validate_recipe(recipe, run_dir)
     main = init_distributed().is_main  # under torchrun every rank runs the stages, rank 0 writes the run's files
     run_dir.mkdir(parents=True, exist_ok=True)
-    if main:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    with RunLock(run_dir) if main else nullcontext():
+        settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
+        for cfg in configs:  # every stage checked before any trains: a changed one is refused up front
+            check_stage_settings(run_dir / cfg.name, settings[cfg.name])
+        if main:
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+        results = _run_stages(configs, settings, run_dir, resume, main)
+    if report:
+        write_report_safely(run_dir)
+    return results
+
+
+def _run_stages(configs: list[StageConfig], settings: dict[str, dict], run_dir: Path, resume: bool, main: bool
+                ) -> dict[str, dict]:
     results_path = run_dir / "results.json"
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.exists() else {}
     for cfg in configs:
         name = cfg.name
         finished = ckpt.read_done(run_dir / name)
         if finished is not None:
-            log.info("stage %s already finished; skipping", name)
+            log.warning("stage %s already finished in %s; skipping it", name, run_dir)
             results[name] = finished.get("results", {})
         else:
             try:
@@ -147,11 +161,11 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
             except ValueError as err:
                 raise ConfigError(f"stage {name!r}: {err}") from None
             torch.set_num_threads(cfg.train.threads)  # from the configuration, never from the caller's process
+            if main:
+                record_stage_settings(run_dir / name, settings[name])
             results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
             if main:
                 write_json_atomic(results_path, results)
     if main:
         write_json_atomic(results_path, results)
-    if report:
-        write_report_safely(run_dir)
     return results

@@ -1,0 +1,121 @@
+"""What keeps a run directory honest: one process at a time (a lock file naming its holder; a stale one, whose
+process is gone, is taken over), and a stage reused (skipped when finished, resumed when half done) only
+under the configuration it was trained with (``STAGE/stage_config.json``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tether.config.base import ConfigError
+from tether.config.common import StageConfig
+from tether.data.files import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+STAGE_CONFIG_FILE = "stage_config.json"
+# Settings that change how a run is watched or kept, never what it trains: a changed one is not a change.
+UNTRAINED_KEYS = frozenset({"report_to", "train.progress", "train.log_every", "train.save_every",
+                            "train.save_every_minutes", "train.keep_checkpoints"})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """``run_dir/.lock`` held while a run uses the directory: a second run on it fails at once, naming the
+    holder; a lock left by a process that no longer runs (on this host) is taken over with a warning."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.held = False
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": " ".join(sys.argv)[:300]}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                other = self._read()
+                pid, host = other.get("pid"), other.get("host")
+                if isinstance(pid, int) and host == holder["host"] and not _alive(pid):
+                    log.warning("taking over the stale lock of %s: process %d (%s) is no longer running",
+                                self.path.parent, pid, other.get("command", "?"))
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise ConfigError(f"run directory {self.path.parent} is in use by process {pid} on {host} since "
+                                  f"{other.get('started', '?')} ({other.get('command', '?')}): wait for it to "
+                                  f"finish, or use another --out (a lock left by a crash on another host: delete "
+                                  f"{self.path})") from None
+            with os.fdopen(fd, "w") as handle:
+                json.dump(holder, handle)
+            self.held = True
+            return self
+        raise ConfigError(f"could not take the lock {self.path}")
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def stage_settings(cfg: StageConfig, run_dir: Path) -> dict[str, Any]:
+    """The stage's resolved configuration as flat ``key.path: value`` pairs, the run directory written as
+    ``@run`` (a moved run stays the same run), without :data:`UNTRAINED_KEYS`."""
+    text = json.dumps(cfg.model_dump(mode="json")).replace(json.dumps(str(run_dir))[1:-1], "@run")
+    flat = _flatten(json.loads(text))
+    return {k: v for k, v in flat.items() if k not in UNTRAINED_KEYS}
+
+
+def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
+    """ConfigError, in one line naming the changed keys and the ways forward, when the stage was trained (or
+    started) under other settings; nothing when it was not, or when it predates the record."""
+    path = stage_dir / STAGE_CONFIG_FILE
+    if not path.exists():
+        return
+    before = json.loads(path.read_text())
+    changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>"))
+    if not changed:
+        return
+    shown = ", ".join(f"{k}: {before.get(k, '<unset>')!r} -> {settings.get(k, '<unset>')!r}" for k in changed[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    raise ConfigError(f"stage {stage_dir.name!r} in {stage_dir.parent} was trained under another configuration "
+                      f"({shown}{more}): run into a new --out, or delete {stage_dir} (and the stages after it) to "
+                      "train it again")
+
+
+def record_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
+    """Write the settings a stage is about to train under (kept when it finishes)."""
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(stage_dir / STAGE_CONFIG_FILE, settings)

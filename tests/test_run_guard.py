@@ -1,0 +1,48 @@
+"""The run directory's guards: one process at a time (a lock naming its holder, a stale one taken over), and a
+stage reused only under the configuration it was trained with."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tether.config.base import ConfigError
+from tether.config.sft import SFTConfig
+from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_settings, stage_settings
+
+
+def test_a_second_run_on_the_directory_is_refused_naming_the_holder(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(ConfigError, match=rf"in use by process {os.getpid()} .*another --out"):
+            RunLock(tmp_path).__enter__()
+    assert not (tmp_path / ".lock").exists()
+    with RunLock(tmp_path):  # free again
+        pass
+
+
+def test_a_stale_lock_is_taken_over(tmp_path, caplog):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    (tmp_path / ".lock").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(),
+                                                "started": "earlier", "command": "tether run crashed"}))
+    with RunLock(tmp_path) as lock:
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid() and lock.held
+    assert "stale lock" in caplog.text
+
+
+def test_a_half_done_stage_under_changed_settings_is_refused_with_the_keys(tmp_path):
+    cfg = SFTConfig(name="sft", model={"name_or_path": str(tmp_path / "pretrain")}, optim={"lr": 1e-3})
+    settings = stage_settings(cfg, tmp_path)
+    assert settings["model.name_or_path"] == "@run/pretrain"  # a moved run is the same run
+    assert "train.progress" not in settings  # what only changes how a run is watched is left out
+    record_stage_settings(tmp_path / "sft", settings)
+    check_stage_settings(tmp_path / "sft", settings)  # the same: fine
+    other = stage_settings(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 2e-3})}), tmp_path)
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.001 -> 0.002.*delete .*sft"):
+        check_stage_settings(tmp_path / "sft", other)
+    moved = stage_settings(cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"name_or_path": str(tmp_path / "x" / "pretrain")})}), tmp_path / "x")
+    assert moved == settings
