@@ -43,6 +43,15 @@ def test_run_writes_the_run_directory_and_skips_finished_stages(tmp_path):
     assert "optim.lr: 0.002 -> 0.005" in message and "new --out" in message
     assert (out / "metrics.jsonl").read_text() == before and "0.005" not in (out / "config.yaml").read_text()
 
+    plan = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK, "--dry-run"])
+    assert plan.exit_code == 0 and plan.output.count("skip (finished)") == 2, plan.output
+    fresh = tmp_path / "fresh"
+    plan = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(fresh), *QUICK, "--dry-run"])
+    assert plan.exit_code == 0 and "@run/pretrain" in plan.output and not fresh.exists()
+    refused = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK, "sft.optim.lr=0.005",
+                                  "--dry-run"])
+    assert refused.exit_code == 2 and "another configuration" in refused.output
+
 
 def test_bad_override_is_a_clear_error(tmp_path):
     result = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(tmp_path), "sft.train.max_stepz=3"])

@@ -112,6 +112,8 @@ def run_cmd(
     deterministic: Annotated[bool, typer.Option(
         "--deterministic", help="also pin MKL's code path (bitwise reproducible at any thread count, slower) "
                                 "and torch's deterministic algorithms")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="check everything and print the plan; train nothing")]
+    = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a recipe (default: the R1-style default recipe) and print accuracy before and after."""
@@ -140,6 +142,12 @@ def run_cmd(
             except ValueError as err:
                 raise ConfigError(str(err)) from None
         run_dir = out or _default_out(data.get("name", recipe))
+        if dry_run:
+            from tether.console import print_plan
+            from tether.stages.pipeline import plan_recipe
+
+            print_plan(data.get("name", recipe), run_dir, plan_recipe(data, run_dir))
+            return
         start = time.perf_counter()
         if seeds is not None:
             _run_seeds(data, run_dir, seeds, parallel=parallel, resume=resume, deterministic=deterministic)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -79,4 +80,14 @@ def print_seed_results(aggregated: dict[str, dict[str, dict]]) -> None:
                 table.add_row(stage, key + (" (points)" if gain else ""), f"{fmt(s['mean'])} +- {s['std'] * 100:.1f}",
                               f"[{fmt(s['ci95'][0])}, {fmt(s['ci95'][1])}]", str(s["n"]),
                               " ".join(fmt(v) for v in s["values"]))
+    console.print(table)
+
+
+def print_plan(name: str, run_dir: Path, plan: list[dict[str, Any]]) -> None:
+    """``tether run --dry-run``: every check passed; what each stage would do."""
+    table = Table(title=f"{name} -> {run_dir} (dry run: nothing trained)", show_lines=False)
+    for column in ("stage", "type", "model", "steps", "action"):
+        table.add_column(column)
+    for row in plan:
+        table.add_row(row["stage"], row["type"], str(row["model"]), str(row["steps"] or ""), row["action"])
     console.print(table)

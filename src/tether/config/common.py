@@ -148,7 +148,7 @@ class StageConfig(StrictModel):
         stage_task = self.task
         if stage_task is None or "name" not in stage_task.model_fields_set:
             return self
-        for block in _nested_models(self):
+        for block in nested_models(self):
             if block is stage_task:
                 continue
             if isinstance(block, TaskSpec) and "name" not in block.model_fields_set:
@@ -168,7 +168,7 @@ class StageConfig(StrictModel):
         if seed == 0:
             return self
         shifted = self.model_copy(deep=True)
-        for block in (shifted, *_nested_models(shifted)):  # the stage's own fields too (e.g. gold_data's seed)
+        for block in (shifted, *nested_models(shifted)):  # the stage's own fields too (e.g. gold_data's seed)
             if not getattr(block, "held_out", False) and isinstance(getattr(block, "seed", None), int):
                 block.seed += seed
         return shifted
@@ -181,7 +181,7 @@ class StageConfig(StrictModel):
         return {"task": self.task.name, "task_options": dict(self.task.options)}
 
 
-def _nested_models(model: BaseModel) -> Iterator[BaseModel]:
+def nested_models(model: BaseModel) -> Iterator[BaseModel]:
     """Every config object inside ``model`` (fields, and lists / dicts of them), depth first."""
     for name in type(model).model_fields:
         value = getattr(model, name)
@@ -189,4 +189,4 @@ def _nested_models(model: BaseModel) -> Iterator[BaseModel]:
         for item in values:
             if isinstance(item, BaseModel):
                 yield item
-                yield from _nested_models(item)
+                yield from nested_models(item)

@@ -28,17 +28,22 @@ import yaml
 from pydantic import ValidationError
 
 from tether.config.base import ConfigError, deep_merge, describe_validation_error
-from tether.config.common import StageConfig
+from tether.config.common import EvalConfig, StageConfig, TaskSpec, nested_models
+from tether.config.rewards import RewardSpec
 from tether.core.determinism import check_deterministic_threads
 from tether.data.files import write_json_atomic
 from tether.report import write_report
+from tether.rewards.combine import resolve_reward_function
 from tether.stages.recipes import apply_recipe_overrides, builtin_recipes, load_recipe
 from tether.stages.registry import STAGE_TYPES
 from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_settings, stage_settings
+from tether.tasks import get_task
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.distributed import DistInfo, init_distributed
 
 log = logging.getLogger(__name__)
+
+NOT_TRAINED = frozenset({"eval", "compare", "gold_data", "judge_data", "generate", "filter", "best_of_n"})
 
 __all__ = ["apply_recipe_overrides", "builtin_recipes", "load_recipe", "run_recipe", "validate_recipe"]
 
@@ -86,6 +91,22 @@ def recipe_seed(recipe: dict[str, Any]) -> int:
     return seed
 
 
+def check_names(cfg: StageConfig) -> None:
+    """Every task (built-in, or a user's ``package.module:factory``, built with its options) and reward
+    function (registered or importable) a stage names, resolved now: a typo fails before anything trains."""
+    for block in (cfg, *nested_models(cfg)):
+        try:
+            if isinstance(block, TaskSpec):
+                get_task(block.name, **block.options)
+            elif isinstance(block, EvalConfig):
+                get_task(block.task, **block.options)
+            elif isinstance(block, RewardSpec) and isinstance(block.name, str):
+                resolve_reward_function(block.name)
+        except (KeyError, ValueError, TypeError) as err:
+            message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+            raise ConfigError(f"stage {cfg.name!r}: {message}") from None
+
+
 def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[StageConfig]:
     """Every stage's config, with defaults merged and ``@stage`` references resolved inside
     ``run_dir``; validating all of them up front makes a typo in the last stage fail before
@@ -109,6 +130,7 @@ def validate_recipe(recipe: dict[str, Any], run_dir: Path = Path(".")) -> list[S
             raise ConfigError(f"two stages are named {raw['name']!r}")
         resolved = resolve_references(raw, run_dir, set(seen))
         configs.append(stage_config(resolved).with_seed(seed))
+        check_names(configs[-1])
         seen.append(raw["name"])
     return configs
 
@@ -123,6 +145,29 @@ def write_report_safely(run_dir: Path) -> Path | None:
     except Exception as err:
         log.warning("could not write the report for %s: %s: %s", run_dir, type(err).__name__, err)
         return None
+
+
+def plan_recipe(recipe: dict[str, Any], run_dir: str | Path) -> list[dict[str, Any]]:
+    """What ``run_recipe`` would do, changing nothing: every check it makes first (configs, names, the
+    settings of stages already in ``run_dir``), then per stage its type, model, steps and whether it would
+    be skipped (finished), resumed (from its newest checkpoint) or trained."""
+    run_dir = Path(run_dir)
+    configs = validate_recipe(recipe, run_dir)
+    plan = []
+    for cfg in configs:
+        stage_dir = run_dir / cfg.name
+        check_stage_settings(stage_dir, stage_settings(cfg, run_dir))
+        checkpoints = ckpt.list_checkpoints(stage_dir) if stage_dir.exists() else []
+        if ckpt.read_done(stage_dir) is not None:
+            action = "skip (finished)"
+        elif checkpoints:
+            action = f"resume from {checkpoints[-1].name}"
+        else:
+            action = "train"
+        steps = None if cfg.type in NOT_TRAINED else cfg.train.max_steps
+        plan.append({"stage": cfg.name, "type": cfg.type, "model": cfg.model.name_or_path.replace(str(run_dir), "@run"),
+                     "steps": steps, "action": action})
+    return plan
 
 
 def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = True,

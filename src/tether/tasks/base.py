@@ -14,6 +14,7 @@ can ever contain them. Every task yields the same four kinds of records:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import random
 from dataclasses import dataclass
 from typing import Protocol
@@ -44,8 +45,25 @@ TASKS: Registry = Registry("task")
 
 
 def get_task(name: str, **options) -> Task:
-    """Build a registered task by name, e.g. ``get_task("arithmetic", digits=2, operators="+")``."""
-    return TASKS.get(name)(**options)
+    """Build a task: a registered name (``get_task("arithmetic", digits=2, operators="+")``) or a user's
+    factory by import path, ``"package.module:factory"``, called with ``options``; it must return an object
+    with ``name``, ``sample(rng)``, ``verify(completion, answer)`` and ``pretrain_text(problem)`` (the
+    :class:`Task` protocol), and is then used exactly as a built-in is (data, rewards, evaluation)."""
+    if ":" not in name:
+        return TASKS.get(name)(**options)
+    module_name, _, attr = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as err:
+        raise ValueError(f"task {name!r}: cannot import module {module_name!r} ({err})") from None
+    except AttributeError:
+        raise ValueError(f"task {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+    task = factory(**options)
+    missing = [m for m in ("name", "sample", "verify", "pretrain_text") if not hasattr(task, m)]
+    if missing:
+        raise ValueError(f"task {name!r}: the factory returned a {type(task).__name__} without {', '.join(missing)} "
+                         "(a task has name, sample(rng), verify(completion, answer) and pretrain_text(problem))")
+    return task
 
 
 def is_held_out(problem: Problem, eval_fraction: float) -> bool:
