@@ -14,9 +14,8 @@ from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_
 
 
 def test_a_second_run_on_the_directory_is_refused_naming_the_holder(tmp_path):
-    with RunLock(tmp_path):
-        with pytest.raises(ConfigError, match=rf"in use by process {os.getpid()} .*another --out"):
-            RunLock(tmp_path).__enter__()
+    with RunLock(tmp_path), pytest.raises(ConfigError, match=rf"in use by process {os.getpid()} .*another --out"):
+        RunLock(tmp_path).__enter__()
     assert not (tmp_path / ".lock").exists()
     with RunLock(tmp_path):  # free again
         pass
