@@ -428,6 +428,8 @@ class Trainer:
                         self.step += 1
                         mid_step = False
                         metrics["step_time"] = time.perf_counter() - start
+                        if "loss" in metrics:
+                            self.results["train/loss"] = float(to_float(metrics["loss"]))
                         progress.update(task, advance=1, info=f"loss {metrics.get('loss', float('nan')):.4f}")
                         if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                             self.logger.log(self.step, reduce_metrics(metrics))
@@ -449,6 +451,7 @@ class Trainer:
                 raise self._stop(signals, saved_step)
             if cfg.save_every_minutes is not None and saved_step != self.step:
                 self.save_checkpoint()  # the trained model is safe before the final evaluation: a stop there resumes here
+        self.results["train/steps"] = self.step
         final = self.evaluate()
         self.results.update(final)
         before_path = self.stage_dir / BEFORE_OUTCOMES
