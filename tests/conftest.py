@@ -73,11 +73,7 @@ class FakeEndpoint:
                     fault = endpoint.faults.pop(0) if endpoint.faults else None
                     endpoint.in_flight += 1
                     endpoint.max_in_flight = max(endpoint.max_in_flight, endpoint.in_flight)
-                try:
-                    endpoint._answer(self, body, fault)
-                finally:
-                    with endpoint._lock:
-                        endpoint.in_flight -= 1
+                endpoint._answer(self, body, fault)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -103,6 +99,8 @@ class FakeEndpoint:
             choices = [{"index": i, **c} for i, c in enumerate(choices)]
             payload = json.dumps({"choices": choices, "usage": {"completion_tokens": len(choices)}}).encode()
             status = 200
+        with self._lock:  # done before the reply leaves: a client's next request may follow at once
+            self.in_flight -= 1
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", "application/json")

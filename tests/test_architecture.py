@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tether"
-TRAINER_BASE = {"loop", "checkpoint", "distributed", "metrics", "parallel", "rl"}
+TRAINER_BASE = {"loop", "checkpoint", "distributed", "metrics", "parallel", "rl", "rollout_consistency", "entropy_control"}
 MAX_LINES = 500
 
 

@@ -1,5 +1,6 @@
 """The multi-turn agent loop: token-in token-out layout, observation masks, budgets, failures and concurrency."""
 
+import math
 import re
 import threading
 import time
@@ -62,7 +63,7 @@ def test_trajectory_is_token_for_token_the_sft_conversation(scripted_engine):
         assert t.prompt_ids + t.token_ids == example.input_ids
         trained = [int(label != -100) for label in example.labels[len(t.prompt_ids):]]
         assert t.action_mask == trained
-        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.action_mask, strict=True) if m == 0)
+        assert all(math.isnan(lp) for lp, m in zip(t.logprobs, t.action_mask, strict=True) if m == 0)  # not sampled
         assert t.observation_tokens == len(TOKENIZER.encode(f"<|tool|>{t.task['answer']}</s><|assistant|>",
                                                             add_special_tokens=False))
 

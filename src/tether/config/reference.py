@@ -22,7 +22,8 @@ from pydantic_core import PydanticUndefined
 
 from tether.config.base import StrictModel
 
-MODULES = ("common", "sampling", "data", "rewards", "sft", "preference", "rl", "agent", "rlhf", "cai", "distill")
+MODULES = ("common", "sampling", "data", "rewards", "sft", "preference", "rl", "agent", "rlhf", "cai", "distill",
+           "compare")
 DEFAULT_PATH = Path("docs") / "configuration.md"
 MAX_DEFAULT = 70
 
