@@ -128,7 +128,7 @@ def test_invalid_values_are_listed_one_per_line_without_links(tmp_path):
     assert "\n  train.max_steps: Input should be greater than or equal to 1 (got -1)" in result.output
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "gspo", "cispo", "gmpo", "sapo", "dppo"])
+@pytest.mark.parametrize("algorithm", ["rloo", "gspo"])  # every preset trains in test_rl.py
 def test_grpo_command_takes_a_preset_override(tmp_path, algorithm):
     config = tmp_path / "grpo.yaml"
     config.write_text("model: {name_or_path: tether/tiny}\n"

@@ -55,7 +55,7 @@ def test_the_recipe_seed_shifts_every_seed_but_the_held_out_evaluation():
 
 def test_run_over_two_seeds_writes_each_run_and_the_summary(tmp_path):
     out = tmp_path / "seeds"
-    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "2", "--out", str(out), *QUICK])
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "2", "--parallel", "2", "--out", str(out), *QUICK])
     assert result.exit_code == 0, result.output
     per_seed = [json.loads((out / f"seed-{k}" / "results.json").read_text()) for k in (0, 1)]
     assert (out / "seed-0" / "sft" / "model.safetensors").read_bytes() != \
@@ -73,7 +73,7 @@ def test_run_over_two_seeds_writes_each_run_and_the_summary(tmp_path):
     assert {"seeds-accuracy.png", "sft-train.png"} <= {p.name for p in (out / "plots").iterdir()}
     # run again: both seeds are finished, nothing trains again, the summary is the same
     before = [(out / f"seed-{k}" / "metrics.jsonl").read_text() for k in (0, 1)]
-    again = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "2", "--out", str(out), *QUICK])
+    again = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "2", "--parallel", "2", "--out", str(out), *QUICK])
     assert again.exit_code == 0, again.output
     assert [(out / f"seed-{k}" / "metrics.jsonl").read_text() for k in (0, 1)] == before
     assert json.loads((out / "results.json").read_text()) == aggregated
@@ -81,7 +81,7 @@ def test_run_over_two_seeds_writes_each_run_and_the_summary(tmp_path):
 
 def test_a_failing_seed_is_reported_with_its_log(tmp_path):
     out = tmp_path / "seeds"
-    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "0,1", "--out", str(out), *QUICK,
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "0,1", "--parallel", "2", "--out", str(out), *QUICK,
                                  "sft.model.name_or_path=/no/such/model"])
     assert result.exit_code == 2
     assert "seed-0" in result.output and "run.log" in result.output
