@@ -38,3 +38,18 @@ def test_a_rewind_killed_half_way_is_completed_from_its_backup(tmp_path):
     logger.log(3, {"loss": 0.5})
     logger.close()
     assert steps(tmp_path, "s") == [1, 2, 3] and not (tmp_path / "metrics.jsonl.rewind").exists()
+
+
+def test_plain_progress_lines_when_output_is_not_a_terminal(capsys):
+    from tether.trainers.metrics import PlainProgress
+
+    progress = PlainProgress("sft", total=4, start=0, enabled=True, every=3600)
+    for step in range(1, 5):
+        progress.step(step, 0.5)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sft: step 4/4 (100%), loss 0.5000, ")  # only the last
+    progress = PlainProgress("sft", total=4, start=2, enabled=True, every=0)
+    progress.step(3, None)
+    assert capsys.readouterr().out.startswith("sft: step 3/4 (75%), ")
+    PlainProgress("sft", total=4, start=0, enabled=False, every=0).step(4, 0.1)
+    assert capsys.readouterr().out == ""

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich import get_console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import (
     get_constant_schedule_with_warmup,
@@ -44,7 +45,7 @@ from tether.evaluation import evaluate_task, paired_gains
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
-from tether.trainers.metrics import MetricsLogger, to_float
+from tether.trainers.metrics import MetricsLogger, PlainProgress, to_float
 
 log = logging.getLogger(__name__)
 BEFORE_OUTCOMES = "eval_before.json"  # per-problem outcomes of the eval.before evaluation, in the stage directory
@@ -341,7 +342,7 @@ class Trainer:
                 for bad, _ in failed:
                     log.warning("set aside corrupted checkpoint %s as %s", bad, ckpt.set_aside(bad).name)
                 self.logger.rewind(self.step)
-            log.info("resumed %s from %s (step %d)", self.stage, path, self.step)
+            log.warning("resumed %s from %s (step %d)", self.stage, path, self.step)
             return True
         raise ckpt.CheckpointError(f"no usable checkpoint in {ckpt.checkpoint_dir(self.stage_dir)}: "
                                    + "; ".join(reason for _, reason in failed)
@@ -365,6 +366,7 @@ class Trainer:
         self.load_extra_state(state.get("extra", {}))
 
     def _progress(self) -> Progress:
+        """The progress bar on a terminal (:class:`PlainProgress` writes lines when output goes to a file)."""
         return Progress(
             TextColumn(f"[bold]{self.stage}[/]"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
@@ -416,6 +418,8 @@ class Trainer:
                     self.stage_dir.mkdir(parents=True, exist_ok=True)
                     write_json_atomic(self.stage_dir / BEFORE_OUTCOMES, getattr(before, "outcomes", {}))
             saved_step: int | None = self.step if self.step > 0 else None  # a resumed step has its checkpoint
+            plain_progress = PlainProgress(self.stage, cfg.max_steps, self.step,
+                                           enabled=cfg.progress and self.dist.is_main and not get_console().is_terminal)
             last_save = time.monotonic()
             mid_step = False
             try:
@@ -431,6 +435,7 @@ class Trainer:
                         if "loss" in metrics:
                             self.results["train/loss"] = float(to_float(metrics["loss"]))
                         progress.update(task, advance=1, info=f"loss {metrics.get('loss', float('nan')):.4f}")
+                        plain_progress.step(self.step, metrics.get("loss"))
                         if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                             self.logger.log(self.step, reduce_metrics(metrics))
                         if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:

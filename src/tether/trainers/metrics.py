@@ -143,3 +143,31 @@ def read_metrics(run_dir: str | Path, stage: str | None = None) -> list[dict]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if stage is None or r.get("stage") == stage]
+
+
+class PlainProgress:
+    """Progress as plain lines when output is not a terminal (a log file, a job's stdout), where the bar draws
+    nothing until the end: every ``every`` seconds and at the last step, ``stage: step i/N (p%), loss, steps/s,
+    time left``."""
+
+    def __init__(self, stage: str, total: int, start: int, *, enabled: bool, every: float = 30.0) -> None:
+        self.stage, self.total, self.start, self.enabled, self.every = stage, total, start, enabled, every
+        self.began = self.last = time.monotonic()
+
+    def step(self, step: int, loss: Any = None) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < self.every and step < self.total):
+            return
+        self.last = now
+        rate = (step - self.start) / max(now - self.began, 1e-9)
+        left = (self.total - step) / rate if rate > 0 else float("inf")
+        loss_text = f", loss {to_float(loss):.4f}" if loss is not None else ""
+        print(f"{self.stage}: step {step}/{self.total} ({step / self.total:.0%}){loss_text}, {rate:.2f} steps/s, "
+              f"{_duration(left)} left", flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
