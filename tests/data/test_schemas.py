@@ -135,3 +135,23 @@ def test_implicit_prompt_messages_split_at_last_assistant_turn():
 def test_implicit_prompt_failures(row, field, problem):
     with pytest.raises(DataError, match=rf"row 1, field '{field}'.*{problem}"):
         validate_records([row], "preference", "<list>")
+
+
+def test_every_bad_row_is_listed_and_the_rest_counted_by_kind():
+    from tether.data.schemas import MAX_LISTED_ROWS
+
+    rows = ([{"prompt": "a", "completion": "b"}] * 3 + [{"prompt": 1, "completion": "x"}]
+            + [{"prompt": "q", "completion": None}] * 30 + [5])
+    with pytest.raises(DataError) as err:
+        validate_records(rows, None, "data.jsonl")
+    message = str(err.value)
+    assert err.value.row == 4 and err.value.field == "prompt"  # where the first bad row is
+    assert message.splitlines()[0] == "data.jsonl, row 4, field 'prompt': expected a string, got int"
+    assert "32 of 35 rows are bad:" in message
+    listed = [line for line in message.splitlines() if line.startswith("  data.jsonl, row ")]
+    assert len(listed) == MAX_LISTED_ROWS
+    assert message.splitlines()[-1] == "  and 12 more: 11 x format 'prompt', not 'prompt_completion'; 1 x not an object"
+    one = [{"prompt": "a", "completion": "b"}, {"prompt": "a"}, {"prompt": "a", "completion": "b"}]
+    with pytest.raises(DataError) as single:
+        validate_records(one, "prompt_completion", "d.jsonl")
+    assert "\n" not in str(single.value)  # one bad row: one line

@@ -321,42 +321,70 @@ def detect_format(row: dict) -> str:
     return name
 
 
+MAX_LISTED_ROWS = 20
+
+
 def validate_records(rows: Sequence[dict], format: str | None, source: str, *,
                      line_numbers: Sequence[int] | None = None) -> list[dict]:
     """Check every row against ``format`` and return normalised copies.
 
     ``format=None`` detects it from the first row and requires every row to agree.
-    ``line_numbers`` (jsonl) makes errors say "line N" rather than "row N". Raises
-    :class:`DataError` on the first bad row, so partial data is never returned.
+    ``line_numbers`` (jsonl) makes errors say "line N" rather than "row N". Every row is checked; the
+    :class:`DataError` (whose ``row`` / ``field`` are the first bad row's) lists the first
+    :data:`MAX_LISTED_ROWS` bad rows in full and counts the rest by kind, so one run shows every problem
+    of a file. Partial data is never returned.
     """
     if format is not None:
         validator = _lookup(format)
     if not rows:
         raise DataError(f"{source}: no records", source=source)
-    out = []
+    out: list[dict] = []
+    bad: list[tuple[DataError, str]] = []  # (the error, its kind for the counts)
     first = None
     for i, row in enumerate(rows):
         number, unit = (line_numbers[i], "line") if line_numbers is not None else (i + 1, "row")
         where = f"{source}, {unit} {number}"
         if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object / dict, got {_type_name(row)}",
-                            source=source, row=number)
+            bad.append((DataError(f"{where}: expected a JSON object / dict, got {_type_name(row)}", source=source,
+                                  row=number), "not an object"))
+            continue
         if format is None:
             try:
                 name = detect_format(row)
             except DataError as e:
-                raise DataError(f"{where}: {e}", source=source, row=number) from None
+                bad.append((DataError(f"{where}: {e}", source=source, row=number), "unknown format"))
+                continue
             if first is None:
                 first, validator = (name, number), _lookup(name)
             elif name != first[0]:
-                raise DataError(f"{where}: row looks like format {name!r} but {unit} {first[1]} is "
-                                f"{first[0]!r}; all rows must share one format", source=source, row=number)
+                bad.append((DataError(f"{where}: row looks like format {name!r} but {unit} {first[1]} is "
+                                      f"{first[0]!r}; all rows must share one format", source=source, row=number),
+                            f"format {name!r}, not {first[0]!r}"))
+                continue
         try:
             out.append(validator(row))
         except _FieldError as e:
-            raise DataError(f"{where}, field {e.field!r}: {e.problem}", source=source, row=number,
-                            field=e.field) from None
+            bad.append((DataError(f"{where}, field {e.field!r}: {e.problem}", source=source, row=number,
+                                  field=e.field), f"field {e.field!r}: {e.problem.split(';')[0][:60]}"))
+    if bad:
+        raise _all_bad_rows(bad, len(rows), unit="line" if line_numbers is not None else "row")
     return out
+
+
+def _all_bad_rows(bad: list[tuple[DataError, str]], total: int, unit: str) -> DataError:
+    """One error for every bad row: the first's message, then (when there are more) the first
+    :data:`MAX_LISTED_ROWS` in full and the rest counted by kind."""
+    head = bad[0][0]
+    if len(bad) == 1:
+        return head
+    lines = [f"{head}", f"{len(bad)} of {total} {unit}s are bad:"]
+    lines += [f"  {error}" for error, _ in bad[:MAX_LISTED_ROWS]]
+    if len(bad) > MAX_LISTED_ROWS:
+        kinds: dict[str, int] = {}
+        for _, kind in bad[MAX_LISTED_ROWS:]:
+            kinds[kind] = kinds.get(kind, 0) + 1
+        lines.append(f"  and {len(bad) - MAX_LISTED_ROWS} more: " + "; ".join(f"{n} x {k}" for k, n in kinds.items()))
+    return DataError("\n".join(lines), source=head.source, row=head.row, field=head.field)
 
 
 def _lookup(format: str) -> Validator:
