@@ -161,3 +161,19 @@ def test_ppo_command_runs_one_stage_with_overrides(tmp_path):
     assert (out / "ppo" / "stage.json").exists() and (out / "ppo" / "value" / "model.safetensors").exists()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"kl_coef", "value/loss", "value/explained_variance", "reward/mean", "kl"} <= set(rows[-1])
+
+
+def test_resume_without_out_continues_the_newest_unfinished_run(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, ["run", "sft-arithmetic", "--resume", *QUICK]).exit_code == 2  # none to resume
+    older = tmp_path / "runs" / "sft-arithmetic-20260101-000000"
+    assert runner.invoke(app, ["run", "sft-arithmetic", "--out", str(older), *QUICK]).exit_code == 0
+    newer = tmp_path / "runs" / "sft-arithmetic-20260102-000000"
+    shutil.copytree(older, newer)  # finished: not a candidate
+    (older / "sft" / "stage.json").unlink()  # the older run's last stage did not finish
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--resume", *QUICK])
+    assert result.exit_code == 0, result.output
+    assert "sft-arithmetic-20260101-000000" in " ".join(result.output.split())
+    assert (older / "sft" / "stage.json").exists() and not list((tmp_path / "runs").glob("*-2026120*"))

@@ -84,6 +84,19 @@ def _default_out(name: str) -> Path:
     return Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def latest_unfinished_run(name: str, root: Path = Path("runs")) -> Path | None:
+    """The newest ``root/NAME-<timestamp>`` run directory that holds a stage not marked finished (or no
+    results yet); None when there is none."""
+    from tether.trainers.checkpoint import read_done
+
+    candidates = sorted(root.glob(f"{Path(name).stem}-[0-9]*-[0-9]*"), reverse=True) if root.is_dir() else []
+    for run in candidates:
+        stages = [d for d in run.iterdir() if d.is_dir() and (d / "stage_config.json").exists()]
+        if not (run / "results.json").exists() or any(read_done(d) is None for d in stages):
+            return run
+    return None
+
+
 @app.command("recipes")
 def recipes_cmd() -> None:
     """List the built-in recipes."""
@@ -103,7 +116,10 @@ def run_cmd(
     recipe: Annotated[str | None, typer.Argument(help="built-in recipe name or YAML file")] = None,
     overrides: Overrides = None,
     out: OutDir = None,
-    resume: Annotated[bool, typer.Option(help="resume an interrupted stage from its checkpoint")] = True,
+    resume: Annotated[bool | None, typer.Option(
+        "--resume/--no-resume", help="resume interrupted stages from their checkpoints (the default); --resume "
+                                     "without --out continues the newest unfinished run of the recipe in runs/")]
+    = None,
     constitution: Annotated[str | None, typer.Option(
         "--constitution", help="constitution file (YAML or text) for the stages that sample principles")] = None,
     seeds: Annotated[str | None, typer.Option(
@@ -141,6 +157,13 @@ def run_cmd(
                 data = with_constitution(data, constitution)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
+        if out is None and resume:
+            out = latest_unfinished_run(data.get("name", recipe))
+            if out is None:
+                raise ConfigError(f"--resume without --out: no unfinished run of {data.get('name', recipe)!r} in "
+                                  "runs/ (start one without --resume, or name it with --out)")
+            console.print(f"resuming the newest unfinished run of {data.get('name', recipe)}: {out}")
+        resume = resume is not False
         run_dir = out or _default_out(data.get("name", recipe))
         if dry_run:
             from tether.console import print_plan
