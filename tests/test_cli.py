@@ -177,3 +177,27 @@ def test_resume_without_out_continues_the_newest_unfinished_run(tmp_path, monkey
     assert result.exit_code == 0, result.output
     assert "sft-arithmetic-20260101-000000" in " ".join(result.output.split())
     assert (older / "sft" / "stage.json").exists() and not list((tmp_path / "runs").glob("*-2026120*"))
+
+
+@pytest.mark.parametrize("case", ["out_is_a_file", "every_prompt_too_long", "smaller_than_one_batch"])
+def test_ordinary_mistakes_end_in_one_line(tmp_path, case):
+    data = tmp_path / "data.jsonl"
+    out = tmp_path / "out"
+    config = {"model": {"name_or_path": "tether/tiny"}, "data": {"path": str(data)},
+              "train": {"max_steps": 1, "batch_size": 4, "progress": False}, "report_to": []}
+    data.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) for i in range(64)))
+    expected = {"out_is_a_file": "is a file, not a directory", "every_prompt_too_long": "longer than data.max_length",
+                "smaller_than_one_batch": "give more data or lower train.batch_size"}[case]
+    if case == "out_is_a_file":
+        out.write_text("x")
+    elif case == "every_prompt_too_long":
+        data.write_text(json.dumps({"prompt": "1" * 300, "completion": "2"}) + "\n")
+        config["data"].update(max_length=32, overflow="drop")
+    else:
+        data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n")
+        config["data"]["packing"] = False
+    path = tmp_path / "sft.yaml"
+    path.write_text(json.dumps(config))
+    result = runner.invoke(app, ["sft", "--config", str(path), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split()) and "Traceback" not in result.output

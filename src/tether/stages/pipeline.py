@@ -177,7 +177,13 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
     run_dir = Path(run_dir)
     configs = validate_recipe(recipe, run_dir)
     main = init_distributed().is_main  # under torchrun every rank runs the stages, rank 0 writes the run's files
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--out {run_dir} is a file, not a directory: choose another --out")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror or err}; choose another "
+                          "--out") from None
     with RunLock(run_dir) if main else nullcontext():
         settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
         for cfg in configs:  # every stage checked before any trains: a changed one is refused up front

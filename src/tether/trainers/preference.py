@@ -93,7 +93,8 @@ class PreferenceTrainer(Trainer):
         self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0)
                            for k in ("identical", "empty", "overflow")}
         if not self.examples:
-            raise ValueError(f"stage {self.stage!r}: no training examples left ({self.data_stats})")
+            raise DataError(f"stage {self.stage!r}: no training examples left ({self.data_stats}); check "
+                            "data.max_length and data.overflow")
         self.schedule = BatchSchedule(len(self.examples), batch_size=cfg.train.batch_size,
                                       grad_accum=cfg.train.grad_accum, seed=cfg.train.seed, rank=self.dist.rank,
                                       world_size=self.dist.world_size, reshuffle=not cfg.unpaired)

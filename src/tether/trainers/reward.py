@@ -36,6 +36,7 @@ from tether.config.preference import RewardModelConfig
 from tether.core.reward import STEP_AGGREGATIONS, bradley_terry_loss
 from tether.data.pairs import PairExample, StepExample, pair_data, tokenize_pairs, tokenize_stepwise
 from tether.data.schedule import BatchSchedule, chunks
+from tether.data.schemas import DataError
 from tether.evaluation import with_intervals
 from tether.models.reward_model import score_positions, set_reward_info
 from tether.trainers.loop import Trainer
@@ -62,7 +63,8 @@ class RewardModelTrainer(Trainer):
         self.eval_examples, _ = self._tokenize(eval_records or [])
         self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0) for k in ("identical", "empty", "overflow")}
         if not self.examples:
-            raise ValueError(f"stage {self.stage!r}: no training examples left ({self.data_stats})")
+            raise DataError(f"stage {self.stage!r}: no training examples left ({self.data_stats}); check "
+                            "data.max_length and data.overflow")
         self.schedule = BatchSchedule(len(self.examples), batch_size=cfg.train.batch_size,
                                       grad_accum=cfg.train.grad_accum, seed=cfg.train.seed, rank=self.dist.rank,
                                       world_size=self.dist.world_size)

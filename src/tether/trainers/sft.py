@@ -17,6 +17,7 @@ import torch
 from tether.config.sft import SFTConfig
 from tether.core.language_modeling import next_token_loss
 from tether.data import make_batches, model_inputs, tokenize_dataset
+from tether.data.schemas import DataError
 from tether.data.sources import training_records
 from tether.trainers.loop import Trainer
 
@@ -35,7 +36,10 @@ class SFTTrainer(Trainer):
         self.examples, stats = tokenize_dataset(records, tokenizer, kind=self.kind,
                                                 max_length=config.data.max_length, overflow=config.data.overflow)
         if not self.examples:
-            raise ValueError(f"stage {self.stage!r}: no training examples left after tokenisation ({stats})")
+            why = (f"all {stats['dropped']} were longer than data.max_length={config.data.max_length} and "
+                   "data.overflow is 'drop' (raise max_length, or overflow: truncate)" if stats.get("dropped")
+                   else f"{stats.get('records', 0)} records gave none")
+            raise DataError(f"stage {self.stage!r}: no training examples left after tokenisation: {why}")
         self.data_stats = stats
         self._epoch_cache: tuple[int, list[dict]] | None = None
         self._steps_per_epoch: int | None = None
@@ -51,8 +55,11 @@ class SFTTrainer(Trainer):
                 drop_last=True,
             )
             if len(batches) < cfg.train.grad_accum:
-                raise ValueError(f"stage {self.stage!r}: {len(self.examples)} examples make only {len(batches)} "
-                                 f"micro-batches, fewer than grad_accum={cfg.train.grad_accum}")
+                rows = f" (packed rows of data.pack_length={cfg.data.pack_length} tokens)" if cfg.data.packing else ""
+                raise DataError(
+                    f"stage {self.stage!r}: {len(self.examples)} training example(s) fill {len(batches)} full "
+                    f"batch(es) of train.batch_size={cfg.train.batch_size}{rows}, and one optimiser step needs "
+                    f"train.grad_accum={cfg.train.grad_accum}: give more data or lower train.batch_size")
             self._epoch_cache = (epoch, batches)
         return self._epoch_cache[1]
 
