@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,22 @@ def apply_lora(model: PreTrainedModel, lora: dict[str, Any]) -> PreTrainedModel:
     return peft_model
 
 
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off while saving: a bar holds tqdm's lock, which is shared with forked
+    processes (a ``multiprocessing`` lock); a process killed mid-save (SIGKILL, out of memory) would keep it
+    held and every related process would wait on it forever at its next save."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | Path,
                *, merge_lora: bool = False) -> None:
     """``save_pretrained`` (safetensors) of the model and tokenizer; LoRA adapters merged if asked."""
@@ -184,7 +202,8 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
     path.mkdir(parents=True, exist_ok=True)
     if merge_lora and hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    model.save_pretrained(path, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(path, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
 

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from tether.data.files import write_json_atomic
+from tether.models.loading import no_progress_bars
 
 STEP_PREFIX = "step-"
 TMP_SUFFIX = ".tmp"
@@ -79,7 +80,8 @@ def save_weights(model: torch.nn.Module, tokenizer: Any, path: Path,
     """``save_pretrained`` (+ tokenizer); ``state_dict``: the weights to write, when the model's own
     parameters are shards (FSDP2: gathered by ``parallel.full_state_dict``)."""
     model = unwrap(model)
-    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
+    with no_progress_bars():
+        model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
 

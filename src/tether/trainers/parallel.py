@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from tether.models.loading import no_progress_bars
 from tether.trainers.distributed import DistInfo, barrier
 
 DCP_DIR = "dcp"
@@ -292,7 +293,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     model_class = getattr(transformers, architecture)
     model = model_class(config) if architecture != "AutoModelForCausalLM" else model_class.from_config(config)
     load_sharded(checkpoint, model, None)
-    model.save_pretrained(out, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(out, safe_serialization=True)
     skip = {ckpt.STATE_FILE, ckpt.MANIFEST_FILE, "config.json"}
     for file in checkpoint.iterdir():  # the tokenizer and generation config, as saved
         if file.is_file() and file.name not in skip and not (out / file.name).exists():
