@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,20 @@ def test_a_half_done_stage_under_changed_settings_is_refused_with_the_keys(tmp_p
     moved = stage_settings(cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"name_or_path": str(tmp_path / "x" / "pretrain")})}), tmp_path / "x")
     assert moved == settings
+
+
+def test_a_relative_run_directory_only_rewrites_paths_inside_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = SFTConfig(name="sft", model={"name_or_path": "pretrain"}, optim={"lr": 0.002})
+    settings = stage_settings(cfg, Path("."))
+    assert settings["optim.lr"] == 0.002 and settings["model.name_or_path"] == "pretrain"  # "." is not a prefix
+    inside = stage_settings(cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"name_or_path": "runs/a/pretrain"})}), Path("runs/a"))
+    assert inside["model.name_or_path"] == "@run/pretrain"
+
+
+def test_paths_in_lists_of_blocks_are_relative_too(tmp_path):
+    from tether.config.rl import GRPOConfig
+
+    cfg = GRPOConfig(name="grpo", rewards=[{"name": "reward_model", "kwargs": {"path": str(tmp_path / "rm")}}])
+    assert stage_settings(cfg, tmp_path)["rewards"][0]["kwargs"]["path"] == "@run/rm"

@@ -93,9 +93,19 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def stage_settings(cfg: StageConfig, run_dir: Path) -> dict[str, Any]:
     """The stage's resolved configuration as flat ``key.path: value`` pairs, the run directory written as
     ``@run`` (a moved run stays the same run), without :data:`UNTRAINED_KEYS`."""
-    text = json.dumps(cfg.model_dump(mode="json")).replace(json.dumps(str(run_dir))[1:-1], "@run")
-    flat = _flatten(json.loads(text))
-    return {k: v for k, v in flat.items() if k not in UNTRAINED_KEYS}
+    root = str(run_dir)
+
+    def relative(value: Any) -> Any:
+        if isinstance(value, str) and (value == root or value.startswith(root + os.sep)):
+            return "@run" + value[len(root):]
+        if isinstance(value, list):
+            return [relative(v) for v in value]
+        if isinstance(value, dict):
+            return {k: relative(v) for k, v in value.items()}
+        return value
+
+    flat = _flatten(cfg.model_dump(mode="json"))
+    return {k: relative(v) for k, v in flat.items() if k not in UNTRAINED_KEYS}
 
 
 def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
