@@ -109,3 +109,26 @@ def test_bad_row_fails_before_training(tmp_path):
     with pytest.raises(DataError, match=r"bad\.jsonl.*line 2.*completion"):
         SFTTrainer(cfg, model, tokenizer, tmp_path / "run")
     assert not (tmp_path / "run" / "sft").exists()
+
+
+def test_on_error_skip_trains_on_the_good_rows_and_counts_the_rest(tmp_path):
+    import json as _json
+
+    from tether.config.sft import SFTConfig
+    from tether.data.schemas import DataError
+    from tether.models import build_tiny
+    from tether.trainers.sft import SFTTrainer
+
+    rows = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(16)]
+    rows[3] = {"prompt": 7, "completion": "x"}
+    rows[9] = {"prompt": "1+1="}
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(_json.dumps(r) for r in rows))
+    base = {"data": {"path": str(path), "packing": False}, "train": {"max_steps": 1, "batch_size": 4,
+                                                                    "progress": False}, "report_to": []}
+    with pytest.raises(DataError, match=r"2 of 16 lines are bad"):
+        SFTTrainer(SFTConfig(**base), *build_tiny(), tmp_path / "raise")
+    skip = {**base, "data": {**base["data"], "on_error": "skip"}}
+    trainer = SFTTrainer(SFTConfig(**skip), *build_tiny(), tmp_path / "skip")
+    assert len(trainer.examples) == 14
+    assert trainer.fit()["data/skipped"] == 2

@@ -26,6 +26,8 @@ class DataConfig(StrictModel):
                                                  "None: detected from the first record")
     max_length: int = Field(512, ge=8, description="tokens per example at most")
     overflow: Literal["truncate", "drop"] = Field("truncate", description="what happens to a longer example")
+    on_error: Literal["raise", "skip"] = Field("raise", description="a bad row in a file: stop, listing every bad "
+                                               "row; or skip the bad rows, counted in the results (data/skipped)")
     packing: bool = Field(True, description="pack examples padding-free into rows")
     pack_length: int = Field(512, ge=8, description="tokens per packed row")
 
@@ -82,6 +84,13 @@ class PairDataConfig(DataConfig):
     eval_path: str | None = Field(None, description="held-out records in their own file")
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="share of `path` records held out "
                                                               "when there is no eval_path")
+
+    @model_validator(mode="after")
+    def _no_skipping(self) -> PairDataConfig:
+        if self.on_error == "skip":
+            raise ValueError("data.on_error: skip is for SFT / pretrain files; pair and stepwise data report every "
+                             "bad row (fix them, or drop them from the file)")
+        return self
 
 
 class PreferenceDataConfig(PairDataConfig):

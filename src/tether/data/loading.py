@@ -38,15 +38,16 @@ def read_rows(source: str | Path | list[dict] | Any, *, split: str = "train"
 
 
 def load_records(source: str | Path | list[dict] | Any, format: str | None = None, *,
-                 split: str = "train") -> list[dict]:
+                 split: str = "train", skipped: dict[str, int] | None = None) -> list[dict]:
     """Read every row of ``source`` and validate it as ``format`` (detected when None).
 
     ``split`` picks the split of a ``DatasetDict`` (in memory or saved to disk).
-    Returns normalised dicts; raises :class:`DataError` naming the source, row and field
-    of the first bad row, or ``FileNotFoundError`` for a missing path.
+    Returns normalised dicts; raises :class:`DataError` naming the source, row and field of every bad row,
+    or ``FileNotFoundError`` for a missing path. With ``skipped`` (a dict), bad rows are left out and
+    counted there by kind instead.
     """
     rows, lines, name = read_rows(source, split=split)
-    return validate_records(rows, format, name, line_numbers=lines)
+    return validate_records(rows, format, name, line_numbers=lines, skipped=skipped)
 
 
 def _read_path(path: Path, split: str) -> tuple[list[Any], list[int] | None, str]:

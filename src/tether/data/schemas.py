@@ -325,14 +325,15 @@ MAX_LISTED_ROWS = 20
 
 
 def validate_records(rows: Sequence[dict], format: str | None, source: str, *,
-                     line_numbers: Sequence[int] | None = None) -> list[dict]:
+                     line_numbers: Sequence[int] | None = None, skipped: dict[str, int] | None = None) -> list[dict]:
     """Check every row against ``format`` and return normalised copies.
 
     ``format=None`` detects it from the first row and requires every row to agree.
     ``line_numbers`` (jsonl) makes errors say "line N" rather than "row N". Every row is checked; the
     :class:`DataError` (whose ``row`` / ``field`` are the first bad row's) lists the first
     :data:`MAX_LISTED_ROWS` bad rows in full and counts the rest by kind, so one run shows every problem
-    of a file. Partial data is never returned.
+    of a file. Partial data is never returned, unless ``skipped`` (a dict) is given: then the bad rows are
+    left out and counted there by kind (``data.on_error: skip``), and only a file with no good row raises.
     """
     if format is not None:
         validator = _lookup(format)
@@ -366,8 +367,10 @@ def validate_records(rows: Sequence[dict], format: str | None, source: str, *,
         except _FieldError as e:
             bad.append((DataError(f"{where}, field {e.field!r}: {e.problem}", source=source, row=number,
                                   field=e.field), f"field {e.field!r}: {e.problem.split(';')[0][:60]}"))
-    if bad:
+    if bad and (skipped is None or not out):
         raise _all_bad_rows(bad, len(rows), unit="line" if line_numbers is not None else "row")
+    for _, kind in bad:
+        skipped[kind] = skipped.get(kind, 0) + 1
     return out
 
 

@@ -32,7 +32,13 @@ class SFTTrainer(Trainer):
                  evaluator: Callable[[torch.nn.Module, Any], dict[str, float]] | None = None) -> None:
         super().__init__(config, model, tokenizer, run_dir, stage=stage, evaluator=evaluator)
         self.kind = "text" if config.type == "pretrain" else "sft"
-        records = records if records is not None else training_records(config.data, self.kind)
+        skipped: dict[str, int] = {}
+        records = records if records is not None else training_records(config.data, self.kind, skipped)
+        if skipped:
+            total = sum(skipped.values())
+            log.warning("stage %s: skipped %d bad rows of %s (data.on_error: skip): %s", self.stage, total,
+                        config.data.path, "; ".join(f"{n} x {k}" for k, n in skipped.items()))
+            self.results["data/skipped"] = total
         self.examples, stats = tokenize_dataset(records, tokenizer, kind=self.kind,
                                                 max_length=config.data.max_length, overflow=config.data.overflow)
         if not self.examples:
