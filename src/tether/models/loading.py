@@ -125,7 +125,8 @@ def load_model(
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+            with no_progress_bars():
+                model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
         except Exception as err:  # OSError, ValueError, safetensors and JSON errors, depending on what is wrong
             raise ModelLoadError(f"cannot load a causal LM from {name_or_path!r}: {type(err).__name__}: "
                                  f"{err}") from err
@@ -181,9 +182,9 @@ def apply_lora(model: PreTrainedModel, lora: dict[str, Any]) -> PreTrainedModel:
 
 @contextmanager
 def no_progress_bars() -> Iterator[None]:
-    """transformers' progress bars off while saving: a bar holds tqdm's lock, which is shared with forked
-    processes (a ``multiprocessing`` lock); a process killed mid-save (SIGKILL, out of memory) would keep it
-    held and every related process would wait on it forever at its next save."""
+    """transformers' progress bars off while saving or loading weights: a bar holds tqdm's lock, which is
+    shared with forked processes (a ``multiprocessing`` lock); a process killed mid-save or mid-load (SIGKILL,
+    out of memory) would keep it held and every related process would wait on it forever at its next one."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 from transformers.utils import logging as hf_logging
 
 from tether.data import PackedSequences, pack_sequences
+from tether.models.loading import no_progress_bars
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ def load_reward_model(
         try:
             with torch.random.fork_rng(devices=[]):  # a new score head is initialised from `seed`
                 torch.manual_seed(seed)
-                model = AutoModelForSequenceClassification.from_pretrained(name_or_path, **kwargs)
+                with no_progress_bars():
+                    model = AutoModelForSequenceClassification.from_pretrained(name_or_path, **kwargs)
         finally:
             hf_logging.set_verbosity(verbosity)
         if from_lm:

@@ -38,6 +38,7 @@ from transformers.utils import logging as hf_logging
 
 from tether.config.rl import RLConfig
 from tether.data import PackedSequences, pack_sequences
+from tether.models.loading import no_progress_bars
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ def load_value_model(name_or_path: str, *, seed: int = 0, dtype: str = "float32"
             if size:
                 model = AutoModelForTokenClassification.from_config(config)
             else:
-                model = AutoModelForTokenClassification.from_pretrained(
-                    name_or_path, config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+                with no_progress_bars():
+                    model = AutoModelForTokenClassification.from_pretrained(
+                        name_or_path, config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     finally:
         hf_logging.set_verbosity(verbosity)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
