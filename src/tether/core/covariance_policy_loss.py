@@ -19,7 +19,13 @@ import torch
 from torch import Tensor
 
 from tether.core.aggregation import agg_loss, masked_mean
-from tether.core.policy_loss import LOG_RATIO_CLAMP, POLICY_LOSSES, check_shapes, masked_fraction
+from tether.core.policy_loss import (
+    LOG_RATIO_CLAMP,
+    POLICY_LOSSES,
+    check_shapes,
+    masked_fraction,
+    ratio_metrics,
+)
 
 
 def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -61,7 +67,7 @@ def clip_cov(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
 
     Differs from the paper: the paper samples those tokens at random; here the highest-covariance ones in
     the band are taken, so the loss is a pure function of its inputs. ``dual_clip`` is unused. Metrics:
-    cov_clipped_frac, approx_kl.
+    cov_clipped_frac, approx_kl, ratio_mean.
     """
     check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     per_token, log_ratio = _clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high)
@@ -71,9 +77,8 @@ def clip_cov(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
     per_token = torch.where(stopped, per_token.detach(), per_token)
     loss = agg_loss(per_token, mask, loss_agg, global_tokens=global_tokens, global_seqs=global_seqs,
                     norm_constant=norm_constant)
-    lr = log_ratio.detach()
     return loss, {"cov_clipped_frac": masked_fraction(stopped, mask),
-                  "approx_kl": masked_mean(torch.exp(lr) - 1.0 - lr, mask)}
+                  **ratio_metrics(log_ratio, mask)}
 
 
 @POLICY_LOSSES.register("kl_cov")
@@ -85,7 +90,7 @@ def kl_cov(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Ten
     """KL-Cov (Cui et al. 2025, eq. 12): the top ``kl_fraction`` of tokens by cov_t get, instead of the clipped
     surrogate, -A_t r_t + kl_coef * |log pi_t - log pi_old,t| (a KL penalty on exactly the tokens that drive
     the entropy down); the others keep the clipped surrogate. ``dual_clip`` is unused. Metrics:
-    cov_kl_frac, approx_kl.
+    cov_kl_frac, approx_kl, ratio_mean.
     """
     check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     per_token, log_ratio = _clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high)
@@ -95,6 +100,5 @@ def kl_cov(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Ten
     per_token = torch.where(chosen, penalised, per_token)
     loss = agg_loss(per_token, mask, loss_agg, global_tokens=global_tokens, global_seqs=global_seqs,
                     norm_constant=norm_constant)
-    lr = log_ratio.detach()
     return loss, {"cov_kl_frac": masked_fraction(chosen, mask),
-                  "approx_kl": masked_mean(torch.exp(lr) - 1.0 - lr, mask)}
+                  **ratio_metrics(log_ratio, mask)}

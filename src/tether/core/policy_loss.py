@@ -37,6 +37,13 @@ def check_shapes(**tensors: Tensor) -> None:
         raise ValueError(f"expected tensors of one shape (B, T), got {shapes}")
 
 
+def ratio_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """``approx_kl`` (k3 of KL(pi_old || pi): r - 1 - log r) and ``ratio_mean`` over the mask, detached."""
+    lr = log_ratio.detach()
+    ratio = torch.exp(lr)
+    return {"approx_kl": masked_mean(ratio - 1.0 - lr, mask), "ratio_mean": masked_mean(ratio, mask)}
+
+
 def masked_fraction(condition: Tensor, mask: Tensor) -> Tensor:
     """The fraction of masked positions where ``condition`` holds, detached; shapes (B, T)."""
     return masked_mean(condition.to(torch.float32), mask).detach()
@@ -94,8 +101,7 @@ def ppo_clip(
         "clip_frac_low": masked_fraction((advantages < 0) & (ratio < 1.0 - clip_low), mask),
         "clip_frac_high": masked_fraction((advantages > 0) & (ratio > 1.0 + clip_high), mask),
         "dual_clip_frac": masked_fraction((advantages < 0) & (ratio > (dual_clip or float("inf"))), mask),
-        "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
-        "ratio_mean": masked_mean(ratio, mask),
+        **ratio_metrics(log_ratio, mask),
     }
     return loss, metrics
 

@@ -12,18 +12,18 @@ import torch
 from torch import Tensor
 
 from tether.core.aggregation import agg_loss, masked_mean
-from tether.core.policy_loss import LOG_RATIO_CLAMP, POLICY_LOSSES, check_shapes, masked_fraction
+from tether.core.policy_loss import (
+    LOG_RATIO_CLAMP,
+    POLICY_LOSSES,
+    check_shapes,
+    masked_fraction,
+    ratio_metrics,
+)
 
 
 def _ratio(logprobs: Tensor, old_logprobs: Tensor) -> tuple[Tensor, Tensor]:
     log_ratio = (logprobs - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return log_ratio, torch.exp(log_ratio)
-
-
-def _kl_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    lr = log_ratio.detach()
-    ratio = torch.exp(lr)
-    return {"approx_kl": masked_mean(ratio - 1.0 - lr, mask), "ratio_mean": masked_mean(ratio, mask)}
 
 
 @POLICY_LOSSES.register("cispo")
@@ -48,7 +48,7 @@ def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tens
                     norm_constant=norm_constant)
     r = ratio.detach()
     return loss, {"clip_frac_high": masked_fraction(r > 1.0 + clip_high, mask),
-                  "clip_frac_low": masked_fraction(r < 1.0 - clip_low, mask), **_kl_metrics(log_ratio, mask)}
+                  "clip_frac_low": masked_fraction(r < 1.0 - clip_low, mask), **ratio_metrics(log_ratio, mask)}
 
 
 def sapo_gate(ratio: Tensor, tau: Tensor | float) -> Tensor:
@@ -83,7 +83,7 @@ def sapo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
     loss = agg_loss(per_token, mask, loss_agg, global_tokens=global_tokens, global_seqs=global_seqs,
                     norm_constant=norm_constant)
     sig = torch.sigmoid(tau * (ratio.detach() - 1.0))
-    return loss, {"gate_weight_mean": masked_mean(4.0 * sig * (1.0 - sig), mask), **_kl_metrics(log_ratio, mask)}
+    return loss, {"gate_weight_mean": masked_mean(4.0 * sig * (1.0 - sig), mask), **ratio_metrics(log_ratio, mask)}
 
 
 def _dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, outside: Tensor, *,
@@ -95,7 +95,7 @@ def _dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tens
     per_token = -ratio.detach().clamp(max=ratio_cap) * advantages.detach() * logprobs * keep
     loss = agg_loss(per_token, mask, loss_agg, global_tokens=global_tokens, global_seqs=global_seqs,
                     norm_constant=norm_constant)
-    return loss, {"trust_region_frac": masked_fraction(outside, mask), **_kl_metrics(log_ratio, mask)}
+    return loss, {"trust_region_frac": masked_fraction(outside, mask), **ratio_metrics(log_ratio, mask)}
 
 
 @POLICY_LOSSES.register("dppo_tv")

@@ -292,17 +292,15 @@ class RLTrainer(Trainer):
         reuse = cfg.num_iterations > 1 or cfg.mini_batches > 1
         if self.needs_reference():  # the frozen copy, or the base model with the LoRA adapter off
             batch.ref_logprobs = self.frozen_logprobs(batch.rollout, reference=True)
+        behaviour = None
         if cfg.old_logprobs == "sampler":  # the engine's log-probs are the behaviour policy: no pass
-            batch.old_logprobs = sampler_as_old(batch.sampler_logprobs, batch.mask)
-            if batch.ref_logprobs is not None and cfg.kl.in_reward:
-                batch.kl = torch.where(batch.mask != 0, kl_penalty(batch.old_logprobs, batch.ref_logprobs,
-                                                                   cfg.kl.estimator), 0.0)
+            behaviour = batch.old_logprobs = sampler_as_old(batch.sampler_logprobs, batch.mask)
         elif reuse or (batch.ref_logprobs is not None and cfg.kl.in_reward):
             behaviour = self.frozen_logprobs(batch.rollout, reference=False)
             batch.mismatch.record(torch.arange(len(batch), device=behaviour.device), behaviour)
             batch.old_logprobs = behaviour if reuse else None
-            if batch.ref_logprobs is not None:
-                batch.kl = torch.where(batch.mask != 0, kl_penalty(behaviour, batch.ref_logprobs, cfg.kl.estimator), 0.0)
+        if behaviour is not None and batch.ref_logprobs is not None:
+            batch.kl = torch.where(batch.mask != 0, kl_penalty(behaviour, batch.ref_logprobs, cfg.kl.estimator), 0.0)
         if cfg.critic is not None:
             batch.values = self.frozen_values(batch.rollout)
         if batch.kl is not None and cfg.kl.in_reward:
