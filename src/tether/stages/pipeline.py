@@ -147,16 +147,25 @@ def write_report_safely(run_dir: Path) -> Path | None:
         return None
 
 
+def checked_settings(configs: list[StageConfig], run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each stage's settings (``stage_settings``), after checking every stage already in ``run_dir`` was
+    trained under them: a changed one is refused before any stage trains."""
+    settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
+    for cfg in configs:
+        check_stage_settings(run_dir / cfg.name, settings[cfg.name])
+    return settings
+
+
 def plan_recipe(recipe: dict[str, Any], run_dir: str | Path) -> list[dict[str, Any]]:
     """What ``run_recipe`` would do, changing nothing: every check it makes first (configs, names, the
     settings of stages already in ``run_dir``), then per stage its type, model, steps and whether it would
     be skipped (finished), resumed (from its newest checkpoint) or trained."""
     run_dir = Path(run_dir)
     configs = validate_recipe(recipe, run_dir)
+    checked_settings(configs, run_dir)
     plan = []
     for cfg in configs:
         stage_dir = run_dir / cfg.name
-        check_stage_settings(stage_dir, stage_settings(cfg, run_dir))
         checkpoints = ckpt.list_checkpoints(stage_dir) if stage_dir.exists() else []
         if ckpt.read_done(stage_dir) is not None:
             action = "skip (finished)"
@@ -185,9 +194,7 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
         raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror or err}; choose another "
                           "--out") from None
     with RunLock(run_dir) if main else nullcontext():
-        settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
-        for cfg in configs:  # every stage checked before any trains: a changed one is refused up front
-            check_stage_settings(run_dir / cfg.name, settings[cfg.name])
+        settings = checked_settings(configs, run_dir)
         if main:
             (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
         results = _run_stages(configs, settings, run_dir, resume, main)
