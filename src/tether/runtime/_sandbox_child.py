@@ -20,11 +20,15 @@ Full isolation (root with CAP_SYS_ADMIN, Linux):
    its processes: the kernel does not apply it to root), an empty environment, ``python -I -S``.
 
 Fallback (no namespaces: not root, or ``namespaces: false``): the same limits and environment in a
-fresh host temporary directory (made and removed by the parent), with a Python audit hook that refuses sockets, writes outside the
-directory, reads of other processes' ``/proc`` entries and, unless ``RLIMIT_NPROC`` applies,
-process creation. An audit hook is a tripwire, not a wall (PEP 578: code that
-reaches ``ctypes`` can go around it), which is why ``ctypes`` imports are refused too and why the
-report names the mechanism that was active.
+fresh host temporary directory (made and removed by the parent), with a Python audit hook that refuses
+sockets, process creation (a child would run without the hook), signals to other processes, writes and
+file changes outside the directory (``mkfifo`` / ``mknod``, which raise no audit event, are replaced by
+checked versions), and reads of other processes' ``/proc`` entries. An audit hook is a tripwire, not a
+wall (PEP 578: code that reaches ``ctypes`` can go around it), which is why ``ctypes`` imports are
+refused too and why the report names the mechanism that was active. As root, the fallback never runs
+the program as root: it runs under the dedicated uid, with an interpreter every user can run (tether's
+own, or when that is closed to others, e.g. a pyenv under ``/root``, the parent's ``shared_python``);
+when there is none it refuses (status ``{"refused": reason}``) rather than run the program as root.
 
 Status goes to ``status_fd`` as JSON lines: ``{"pid": host pid of the namespace's pid 1}`` first,
 then ``{"exit": code, "signal": n, "isolation": {...}}``.
@@ -55,11 +59,13 @@ def _inside(path):
         return False
     return path == _root or path.startswith(_root + os.sep)
 _pid = str(os.getpid())
-def _hook(event, args, _spawn=_spawn, _procs=%(processes)d):
+def _hook(event, args, _spawn=_spawn):
     if event.startswith("socket."):
         raise PermissionError("sandbox: network access is disabled")
-    if event in _spawn and _procs <= 1:
+    if event in _spawn:
         raise PermissionError("sandbox: process creation is disabled")
+    if event in ("os.kill", "os.killpg") and args[0] not in (0, os.getpid()):
+        raise PermissionError("sandbox: signalling other processes is disabled")
     if event == "import" and args[0] in ("ctypes", "_ctypes"):
         raise PermissionError("sandbox: ctypes is disabled")
     if event == "open" and isinstance(args[0], (str, bytes)):
@@ -67,12 +73,24 @@ def _hook(event, args, _spawn=_spawn, _procs=%(processes)d):
         if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != _pid:
             raise PermissionError("sandbox: other processes' /proc entries are off limits")
         mode, flags = args[1], args[2]
-        writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (flags & (os.O_WRONLY | os.O_RDWR))
+        writing = ((mode is not None and any(c in str(mode) for c in "wax+"))
+                   or (flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)))
         if writing and not _inside(args[0]):
             raise PermissionError(f"sandbox: writing outside the sandbox directory ({args[0]!r})")
-    if event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.symlink", "os.link",
-                 "shutil.rmtree", "os.truncate") and isinstance(args[0], (str, bytes)) and not _inside(args[0]):
+    if event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime",
+                 "os.symlink", "os.link", "shutil.rmtree", "os.truncate") and (
+            not isinstance(args[0], (str, bytes)) or not _inside(args[0])):
         raise PermissionError(f"sandbox: changing files outside the sandbox directory ({args[0]!r})")
+def _confined(real):
+    def confined(path, *args, dir_fd=None, **kwargs):
+        if dir_fd is not None or not _inside(path):
+            raise PermissionError(f"sandbox: making special files outside the sandbox directory ({path!r})")
+        return real(path, *args, **kwargs)
+    return confined
+import posix
+for _name in ("mkfifo", "mknod"):  # no audit event exists for these: replaced before the program runs
+    setattr(posix, _name, _confined(getattr(posix, _name)))
+    setattr(os, _name, getattr(posix, _name))
 sys.addaudithook(_hook)
 del _hook
 import runpy
@@ -158,9 +176,8 @@ def _program(job, workdir, isolation):
     argv = [job["python"], "-I", "-S", "-B"]
     if isolation["network"] == "namespace":
         argv.append("main.py")
-    else:  # no kernel-enforced process limit for root: the hook refuses process creation outright
-        processes = job["processes"] if uid is not None or os.geteuid() != 0 else 1
-        argv += ["-c", AUDIT_PRELUDE % {"processes": processes}]
+    else:  # a child process would run without the audit hook: the hook refuses process creation outright
+        argv += ["-c", AUDIT_PRELUDE]
     os.execve(job["python"], argv, {})
 
 
@@ -220,12 +237,20 @@ def main():
     if namespaces:
         isolation.update(network="namespace", filesystem="namespace (read-only root, private tmpfs /tmp)",
                          processes="pid namespace + RLIMIT_NPROC")
-    if os.geteuid() == 0 and (namespaces or _reachable(job["prefix"])):
+    else:
+        isolation["processes"] = "audit-hook (no process creation)"
+    if os.geteuid() == 0 and not namespaces and job["shared_python"] is not None:
+        if not job["shared_python"]:
+            report({"refused": "the fallback sandbox never runs a program as root, and no Python here can be "
+                               f"run by an unprivileged user ({job['python']} is closed to other users): set "
+                               "the sandbox's `python` to an interpreter every user can run, install python3 "
+                               "under /usr/bin, or run where Linux namespaces are permitted"})
+            os._exit(3)
+        job["python"] = job["shared_python"]  # its own stdlib: the program needs nothing of tether's
+    if os.geteuid() == 0:
         isolation["user"] = f"uid {job['uid']}"
     else:
         job["uid"] = None
-        if os.geteuid() == 0:
-            isolation["processes"] = "audit-hook (no process creation)"
     pid = os.fork()
     if pid == 0:
         if namespaces:
@@ -238,11 +263,6 @@ def main():
     report({"pid": pid})
     os.waitpid(pid, 0)
     os._exit(0)
-
-
-def _reachable(prefix):
-    parts = prefix.strip("/").split("/")
-    return all(os.stat("/" + "/".join(parts[: i + 1])).st_mode & stat.S_IXOTH for i in range(len(parts) - 1))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ import json
 import os
 import secrets
 import selectors
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -70,6 +72,9 @@ class SandboxLimits(StrictModel):
     processes: int = Field(1, ge=1, description="processes + threads of its uid (RLIMIT_NPROC); 1 = no children")
     output_bytes: int = Field(65536, ge=1, description="stdout + stderr bytes kept; more kills the program")
     namespaces: bool = Field(True, description="use Linux namespaces when permitted (else the audit-hook fallback)")
+    python: str | None = Field(None, description="fallback mode as root: the interpreter for programs when this "
+                                                 "one is closed to other users; None: the first python3 on "
+                                                 "/usr/local/bin:/usr/bin:/bin that every user can run")
 
 
 @dataclass
@@ -124,6 +129,29 @@ def _interpreter() -> tuple[str, str]:
     if not python.startswith(prefix + os.sep):
         prefix = str(Path(python).parent.parent)
     return python, prefix
+
+
+def open_to_others(path: str) -> bool:
+    """Whether a user other than the owner can reach ``path``: every ancestor searchable, the file itself
+    readable and executable by others."""
+    parts = Path(path).parts
+    try:
+        ancestors_open = all(os.stat(Path(*parts[: i + 1])).st_mode & stat.S_IXOTH for i in range(1, len(parts) - 1))
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return ancestors_open and mode & stat.S_IXOTH and mode & stat.S_IROTH
+
+
+def shared_interpreter(python: str | None = None) -> str | None:
+    """An interpreter every user can run, for programs the fallback sandbox runs under an unprivileged
+    uid when tether's own interpreter is closed to others (a pyenv under ``/root``): ``python`` if given,
+    else the first ``python3`` on a fixed system path. None if there is none."""
+    candidates = [python] if python else [shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")]
+    for candidate in candidates:
+        if candidate and open_to_others(os.path.realpath(candidate)):
+            return os.path.realpath(candidate)
+    return None
 
 
 def _read_bounded(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int
@@ -194,8 +222,9 @@ def run_python(code: str, *, limits: SandboxLimits | dict | None = None, stdin: 
     python, prefix = _interpreter()
     with _UIDS.take() as uid, tempfile.TemporaryDirectory(prefix="tether-sandbox-") as workdir:
         status_r, status_w = os.pipe()
-        job = {"code": code, "stdin": stdin, "status_fd": status_w, "uid": uid, "python": python,
-               "prefix": prefix, "workdir": workdir, **limits.model_dump()}
+        job = {**limits.model_dump(), "code": code, "stdin": stdin, "status_fd": status_w, "uid": uid,
+               "python": python, "prefix": prefix, "workdir": workdir,
+               "shared_python": None if open_to_others(python) else (shared_interpreter(limits.python) or "")}
         start = time.monotonic()
         try:
             proc = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER)], stdin=subprocess.PIPE,
@@ -218,8 +247,15 @@ def run_python(code: str, *, limits: SandboxLimits | dict | None = None, stdin: 
                 stream.close()
     final = next((s for s in status if "isolation" in s), {})
     stderr = err.decode(errors="replace")
-    if own_limit is None and (proc.returncode != 0 or not final):
+    refusal = next((s["refused"] for s in status if "refused" in s), None)
+    if refusal:
+        raise SandboxError(refusal)
+    started = any("pid" in s for s in status)
+    if own_limit is None and not started and (proc.returncode != 0 or not final):
         raise SandboxError(f"the sandbox launcher failed (exit {proc.returncode}): {stderr.strip()[-2000:]}")
+    if own_limit is None and not final:  # the program started, then its launcher died: a failed run, not ours
+        stderr += f"\nsandbox: the launcher ended before the program reported (exit {proc.returncode})"
+        final = {"exit": None, "signal": -proc.returncode if proc.returncode < 0 else None}
     return SandboxResult(
         stdout=out.decode(errors="replace"), stderr=stderr, exit_code=final.get("exit"),
         signal=final.get("signal"), limit=_classify(final.get("signal"), stderr, own_limit),
