@@ -54,3 +54,35 @@ def test_a_stage_evaluated_before_and_after_reports_n_intervals_and_its_paired_g
     assert results["gain/accuracy_ci95_low"] <= results["gain/accuracy"] <= results["gain/accuracy_ci95_high"]
     before = json.loads((trainer.stage_dir / "eval_before.json").read_text())
     assert len(before["accuracy"]) == 24 and sum(before["accuracy"]) / 24 == results["before/accuracy"]
+
+
+def test_evaluation_reports_progress_lines_and_the_same_figures_with_or_without(monkeypatch, capsys):
+    from tether.config.common import EvalConfig
+    from tether.evaluation import evaluate_task
+    from tether.runtime import progress
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    cfg = EvalConfig(n=6, max_new_tokens=4, batch_size=2, samples=2)
+    quiet = evaluate_task(model, tokenizer, cfg, progress=False)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    shown = evaluate_task(model, tokenizer, cfg, label="sft eval")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sft eval:")]
+    done = [int(line.split()[2].split("/")[0]) for line in lines]
+    assert done == [2, 4, 6, 8, 10, 12, 14, 16, 18] and all("/18 samples (" in line for line in lines)
+    assert dict(shown) == dict(quiet)  # progress reporting changes nothing
+
+
+def test_progress_lines_wait_for_the_interval_and_report_the_end():
+    from tether.runtime.progress import ProgressLines, format_duration
+
+    printed = []
+    lines = ProgressLines("x", 4, "items", every=3600)
+    lines.console = type("C", (), {"print": lambda self, line, **_: printed.append(line)})()
+    lines.update(1)
+    lines.update(4)  # finished quickly: no line at all
+    assert printed == []
+    lines.began -= 7200
+    lines.update(4)  # finished after the interval: one closing line
+    assert len(printed) == 1 and printed[0].startswith("x: 4/4 items (100%), ") and printed[0].endswith("0s left")
+    assert (format_duration(65), format_duration(42), format_duration(float("inf"))) == ("1m05s", "42s", "?")

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import torch
+from rich import get_console
 
 from tether.config.agent import AgentEvalConfig, AgentLoopConfig, EnvironmentConfig
 from tether.config.common import EvalConfig
@@ -20,6 +21,7 @@ from tether.rewards.verifiers import format_reward
 from tether.rollout import HFEngine, SamplingParams
 from tether.rollout.agent import AgentLoop, environment_renderer, trajectory_metrics
 from tether.rollout.environment import environment_records
+from tether.runtime.progress import ProgressLines
 from tether.tasks import eval_records, get_task
 
 
@@ -67,19 +69,23 @@ def paired_gains(before: dict[str, list[float]], after: dict[str, list[float]], 
 
 @torch.no_grad()
 def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
-                  records: list[dict] | None = None) -> Figures:
+                  records: list[dict] | None = None, *, progress: bool = True, label: str = "eval") -> Figures:
     """Greedy exact-match accuracy on held-out problems; with ``samples`` = k > 1 also pass@k.
 
     Returns ``{"accuracy": ..., "format": ..., "pass@k": ..., "n": ...}`` (fractions in [0, 1]) with the
-    Wilson interval of accuracy and pass@k, and their per-problem outcomes in ``.outcomes``.
+    Wilson interval of accuracy and pass@k, and their per-problem outcomes in ``.outcomes``. With
+    ``progress``, a line ``label: done/total samples ...`` every 30 s (:class:`ProgressLines`).
     """
     task = get_task(cfg.task, **cfg.options)
     records = records or eval_records(task, cfg.n, seed=cfg.seed)
     prompts = [cfg.prompt_template.format(prompt=r["prompt"]) for r in records]
     answers = [r["answer"] for r in records]
     ids = tokenize_prompts(prompts, tokenizer, chat=cfg.chat)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size)
+    sampled_rows = len(records) * cfg.samples if cfg.samples > 1 else 0
+    lines = ProgressLines(label, len(records) + sampled_rows, "samples", enabled=progress, console=get_console())
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, on_batch=lines.update)
     greedy = engine.generate(ids, SamplingParams(greedy=True, max_new_tokens=cfg.max_new_tokens))
+    engine.on_batch = lambda done: lines.update(len(records) + done)
     correct = [float(task.verify(text, answer)) for text, answer in zip(greedy.texts, answers, strict=True)]
     outcomes = {"accuracy": correct}
     results = {

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -191,11 +192,12 @@ class HFEngine:
     """Token-in, token-out generation with a Hugging Face causal LM (see the module docstring).
 
     ``batch_size`` caps how many samples (prompts x n) are decoded together; ``None`` decodes
-    all of one call in a single batch.
+    all of one call in a single batch. ``on_batch(done)``, if given, is called after each batch with
+    the number of samples of the current call decoded so far (progress reporting; no effect on results).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None, static: bool = True,
-                 dtype: str | None = None) -> None:
+                 dtype: str | None = None, on_batch: Callable[[int], None] | None = None) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.source = model
@@ -208,6 +210,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.static = static
+        self.on_batch = on_batch
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id: int = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
@@ -258,6 +261,8 @@ class HFEngine:
                     group = params.n if start % params.n == 0 and len(chunk_rows) % params.n == 0 else 1
                     batch = [prompts[r] for r in chunk_rows]
                     completions.extend(self._generate_batch(batch, params, generator, group))
+                    if self.on_batch is not None:
+                        self.on_batch(len(completions))
         finally:
             for module, training in modes:
                 module.training = training

@@ -200,7 +200,8 @@ class Trainer:
             return {}
         if self.evaluator is not None:
             return self.evaluator(parallel.unwrap(self.model), self.tokenizer)
-        return evaluate_task(parallel.unwrap(self.model), self.tokenizer, self.config.eval)
+        return evaluate_task(parallel.unwrap(self.model), self.tokenizer, self.config.eval,
+                             progress=self.config.train.progress and self.dist.is_main, label=f"{self.stage} eval")
 
     def optimizer_parts(self) -> list[tuple[Iterable[torch.nn.Parameter], float]] | None:
         """(parameters, learning rate) per part of ``self.model`` with its own rate; None: one rate."""

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tether.runtime.progress import format_duration
+
 log = logging.getLogger(__name__)
 
 # The only figures in metrics.jsonl that depend on the clock rather than on the configuration and seed: a
@@ -163,11 +165,4 @@ class PlainProgress:
         left = (self.total - step) / rate if rate > 0 else float("inf")
         loss_text = f", loss {to_float(loss):.4f}" if loss is not None else ""
         print(f"{self.stage}: step {step}/{self.total} ({step / self.total:.0%}){loss_text}, {rate:.2f} steps/s, "
-              f"{_duration(left)} left", flush=True)
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+              f"{format_duration(left)} left", flush=True)

@@ -62,7 +62,8 @@ class PPOTrainer(RLTrainer):
         if cfg.eval is None:
             return {}
         # greedy accuracy only: the sampled figures below are this stage's own (no pass@k)
-        figures = evaluate_task(self.policy, self.tokenizer, cfg.eval.model_copy(update={"samples": 1}))
+        figures = evaluate_task(self.policy, self.tokenizer, cfg.eval.model_copy(update={"samples": 1}),
+                                progress=cfg.train.progress and self.dist.is_main, label=f"{self.stage} eval")
         records = eval_records(get_task(cfg.eval.task, **cfg.eval.options), cfg.eval.n, seed=cfg.eval.seed)
         prompts = [cfg.data.prompt_template.format(prompt=r["prompt"]) for r in records]
         ids = tokenize_prompts(prompts, self.tokenizer, chat=cfg.data.chat)
