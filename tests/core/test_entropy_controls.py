@@ -10,10 +10,10 @@ from tether.core.policy_loss import ppo_clip
 
 
 def test_adaptive_coefficient_steps_toward_the_target_and_stays_in_bounds():
-    assert adaptive_entropy_coef(0.01, 0.2, target=0.5, step=0.005) == pytest.approx(0.015)  # too little entropy
-    assert adaptive_entropy_coef(0.01, 0.9, target=0.5, step=0.005) == pytest.approx(0.005)  # too much
-    assert adaptive_entropy_coef(0.002, 0.9, target=0.5, step=0.005) == 0.0
-    assert adaptive_entropy_coef(0.02, 0.1, target=0.5, step=0.005, max_coef=0.021) == pytest.approx(0.021)
+    assert adaptive_entropy_coef(0.01, 0.2, target=0.5, lr=0.005) == pytest.approx(0.015)  # too little entropy
+    assert adaptive_entropy_coef(0.01, 0.9, target=0.5, lr=0.005) == pytest.approx(0.005)  # too much
+    assert adaptive_entropy_coef(0.002, 0.9, target=0.5, lr=0.005) == 0.0
+    assert adaptive_entropy_coef(0.02, 0.1, target=0.5, lr=0.005, max_coef=0.021) == pytest.approx(0.021)
 
 
 def test_top_entropy_mask_keeps_the_top_fraction_of_trained_tokens():

@@ -17,7 +17,7 @@ def digits_and_length(prompts, completions, **columns):
 
 
 def test_adaptive_coefficient_rises_while_entropy_is_below_target_and_resumes(tmp_path):
-    cfg = test_rl.config(entropy={"coef": 0.0, "adaptive": {"target": 100.0, "step": 0.002}})
+    cfg = test_rl.config(entropy={"coef": 0.0, "adaptive": {"target": 100.0, "lr": 0.002}})
     t = test_rl.trainer(tmp_path, cfg)
     coefs = [float(m["entropy/coef"]) for m in test_rl.run_steps(t, 3)]
     assert coefs == pytest.approx([0.0, 0.002, 0.004])

@@ -116,7 +116,7 @@ class AdaptiveEntropyConfig(StrictModel):
     """Skywork-OR1's adaptive entropy control: the bonus coefficient steps toward holding the entropy at a target."""
 
     target: float = Field(..., gt=0, description="the mean token entropy to hold, nats")
-    step: float = Field(5.0e-4, gt=0, description="the coefficient's change per training step")
+    lr: float = Field(5.0e-4, gt=0, description="the coefficient's change per training step")
     max_coef: float | None = Field(None, gt=0, description="an upper bound on the coefficient; None: none")
 
 

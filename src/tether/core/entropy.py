@@ -6,17 +6,17 @@ import torch
 from torch import Tensor
 
 
-def adaptive_entropy_coef(coef: float, entropy: float, *, target: float, step: float,
+def adaptive_entropy_coef(coef: float, entropy: float, *, target: float, lr: float,
                           max_coef: float | None = None) -> float:
     """The entropy bonus's next coefficient (Skywork-OR1, He et al. 2025, adaptive entropy control):
 
-        c_{k+1} = clip(c_k + step if H_k < target else c_k - step, 0, max_coef),
+        c_{k+1} = clip(c_k + lr if H_k < target else c_k - lr, 0, max_coef),
 
-    H_k the step's mean token entropy. The bonus grows while the policy is less random than the target and
+    H_k the step's mean token entropy and ``lr`` the controller's step size. The bonus grows while the policy is less random than the target and
     shrinks (to 0, no bonus) once it is more random, so entropy is held near the target instead of being
     pushed up for the whole run.
     """
-    coef = coef + step if entropy < target else coef - step
+    coef = coef + lr if entropy < target else coef - lr
     coef = max(coef, 0.0)
     return min(coef, max_coef) if max_coef is not None else coef
 

@@ -44,7 +44,7 @@ class EntropyControl:
                             step, entropy, floor)
         adaptive = self.config.adaptive
         if adaptive is not None:
-            self.coef = adaptive_entropy_coef(self.coef, entropy, target=adaptive.target, step=adaptive.step,
+            self.coef = adaptive_entropy_coef(self.coef, entropy, target=adaptive.target, lr=adaptive.lr,
                                               max_coef=adaptive.max_coef)
         return out
 
