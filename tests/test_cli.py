@@ -201,3 +201,21 @@ def test_ordinary_mistakes_end_in_one_line(tmp_path, case):
     result = runner.invoke(app, ["sft", "--config", str(path), "--out", str(out)])
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_a_full_disk_outside_a_checkpoint_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from tether.trainers.metrics import MetricsLogger
+
+    def full(self, step, metrics):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(MetricsLogger, "log", full)
+    config = tmp_path / "sft.yaml"
+    config.write_text("model: {name_or_path: tether/tiny}\ndata: {task: {name: arithmetic, n: 16}}\n"
+                      "train: {max_steps: 2, batch_size: 4}\n")
+    result = runner.invoke(app, ["sft", "--config", str(config), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert "error: the disk is full (" in result.output and "--resume" in result.output
+    assert "Traceback" not in result.output

@@ -34,6 +34,17 @@ def _setup_logging(verbose: bool) -> None:
     hf_logging.disable_progress_bar()
 
 
+def _disk_full(err: OSError, run_dir: Path | None) -> None:
+    """A full disk outside a checkpoint write (metrics, samples, the exported model): one line, exit 2;
+    anything else is re-raised."""
+    from tether.trainers.checkpoint import disk_full_reason
+
+    reason = disk_full_reason(err, Path(run_dir or "."))
+    if reason is None:
+        raise err
+    _fail(f"{reason}: {err}; free space, then run the same command with --resume")
+
+
 def _fail(message: str) -> None:
     from rich.markup import escape
 
@@ -180,6 +191,9 @@ def run_cmd(
     except (ConfigError, *_training_errors()) as err:
         _fail(str(err))
         return
+    except OSError as err:
+        _disk_full(err, run_dir)
+        return
     except KeyboardInterrupt as err:
         _stopped(err, run_dir)
         return
@@ -239,6 +253,9 @@ def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None
         results = run_recipe({"name": stage_type, "stages": [data]}, run_dir, resume=resume)
     except (ConfigError, *_training_errors()) as err:
         _fail(str(err))
+        return
+    except OSError as err:
+        _disk_full(err, run_dir)
         return
     except KeyboardInterrupt as err:
         _stopped(err, run_dir)

@@ -182,3 +182,48 @@ def test_fault_delay_hook_is_off_by_default(monkeypatch, tmp_path):
     monkeypatch.setenv(ckpt.FAULT_DELAY_ENV, "0.25")
     ckpt._fault_delay()
     assert slept == [0.25]
+
+
+def test_a_full_disk_is_named_even_when_the_writer_hides_the_errno(tmp_path, monkeypatch):
+    """torch's zip writer reports a full disk as ``inline_container.cc ... unexpected pos`` with no errno: the
+    free space decides, and the error says the disk is full and how to go on."""
+    import shutil
+    from collections import namedtuple
+
+    trainer = make_trainer(tmp_path, max_steps=3)
+    calls = {"n": 0}
+    real_save = torch.save
+
+    def failing_save(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1408 vs 1296")
+        return real_save(*args, **kwargs)
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(torch, "save", failing_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 2**20, 2**20))
+    with pytest.raises(CheckpointError, match=r"step-000002 \(the disk is full \(1 MB free on .*\): RuntimeError: "
+                                              r".*unexpected pos.*; free space, then resume with --resume\); "
+                                              r"the last checkpoint, .*step-000001"):
+        trainer.train()
+
+
+def test_disk_full_reason(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from tether.trainers.checkpoint import disk_full_reason
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**39, 2**39))  # plenty free
+    assert disk_full_reason(OSError(errno.ENOSPC, "No space left on device"), tmp_path) == \
+        f"the disk is full (524288 MB free on {tmp_path})"  # the errno decides, whatever the free space says
+    wrapped = RuntimeError("safetensors: io error")
+    wrapped.__cause__ = OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert disk_full_reason(wrapped, tmp_path) is not None
+    assert disk_full_reason(OSError(errno.EACCES, "Permission denied"), tmp_path) is None
+    assert disk_full_reason(RuntimeError("unexpected pos"), tmp_path) is None
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - 2**25, 2**25))  # 32 MB free
+    assert disk_full_reason(RuntimeError("unexpected pos"), tmp_path) == f"the disk is full (32 MB free on {tmp_path})"
+    assert disk_full_reason(OSError(errno.EACCES, "Permission denied"), tmp_path) is None  # an errno says otherwise

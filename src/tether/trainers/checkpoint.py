@@ -17,6 +17,7 @@ inside the ``.tmp`` directory before the rename, so a checkpoint is never visibl
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -247,7 +248,10 @@ def save_checkpoint(stage_dir: Path, step: int, model: torch.nn.Module, tokenize
         shutil.rmtree(tmp, ignore_errors=True)
         previous = list_checkpoints(stage_dir)
         kept = f"the last checkpoint, {previous[-1]}, is intact" if previous else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint {final} ({type(err).__name__}: {err}); {kept}") from err
+        full = disk_full_reason(err, root, need_bytes=_tree_bytes(previous[-1]) if previous else 0)
+        cause = f"{type(err).__name__}: {err}"
+        cause = f"{full}: {cause}; free space, then resume with --resume" if full else cause
+        raise CheckpointError(f"could not write checkpoint {final} ({cause}); {kept}") from err
     if final.exists():
         _discard(final)
     os.replace(tmp, final)
@@ -255,6 +259,36 @@ def save_checkpoint(stage_dir: Path, step: int, model: torch.nn.Module, tokenize
     for old in list_checkpoints(stage_dir)[:-keep]:
         _discard(old)
     return final
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NEARLY_FULL_BYTES = 64 * 2**20
+
+
+def disk_full_reason(err: BaseException, path: Path, *, need_bytes: int = 0) -> str | None:
+    """``"the disk is full (N MB free on PATH)"`` when ``err`` is, or was caused by, a full disk: ENOSPC /
+    EDQUOT anywhere in its chain, or an error without an errno (torch's zip writer reports ``unexpected
+    pos``, safetensors its own text) while the file system has less free than ``need_bytes`` or 64 MB.
+    None otherwise."""
+    chain, seen = err, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if isinstance(chain, OSError) and chain.errno in DISK_FULL_ERRNOS:
+            break
+        chain = chain.__cause__ or chain.__context__
+    try:
+        free = shutil.disk_usage(path if path.exists() else path.parent).free
+    except OSError:
+        free = None
+    if chain is None and (isinstance(err, OSError) and err.errno is not None
+                          or free is None or free >= max(need_bytes, NEARLY_FULL_BYTES)):
+        return None
+    where = f" ({free / 2**20:.0f} MB free on {path})" if free is not None else ""
+    return f"the disk is full{where}"
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
