@@ -216,6 +216,6 @@ def test_a_full_disk_outside_a_checkpoint_is_one_line(tmp_path, monkeypatch):
     config.write_text("model: {name_or_path: tether/tiny}\ndata: {task: {name: arithmetic, n: 16}}\n"
                       "train: {max_steps: 2, batch_size: 4}\n")
     result = runner.invoke(app, ["sft", "--config", str(config), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 2 and (result.exception is None or isinstance(result.exception, SystemExit))
     assert "error: the disk is full (" in result.output and "--resume" in result.output
     assert "Traceback" not in result.output

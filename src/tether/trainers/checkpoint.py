@@ -280,7 +280,7 @@ def disk_full_reason(err: BaseException, path: Path, *, need_bytes: int = 0) -> 
         free = shutil.disk_usage(path if path.exists() else path.parent).free
     except OSError:
         free = None
-    if chain is None and (isinstance(err, OSError) and err.errno is not None
+    if chain is None and ((isinstance(err, OSError) and err.errno is not None)
                           or free is None or free >= max(need_bytes, NEARLY_FULL_BYTES)):
         return None
     where = f" ({free / 2**20:.0f} MB free on {path})" if free is not None else ""
