@@ -164,3 +164,34 @@ def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path):
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
     assert torch.allclose(losses[0], losses[1], atol=1e-6)
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("stage", ["dpo", "rm"])
+def test_on_error_skip_leaves_out_bad_pair_rows_and_counts_them(tmp_path, stage):
+    import json as _json
+
+    from tether.config import DPOConfig, RewardModelConfig
+    from tether.data.schemas import DataError
+    from tether.models import build_tiny
+    from tether.trainers.preference import PreferenceTrainer
+    from tether.trainers.reward import RewardModelTrainer as RewardTrainer
+
+    rows = [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i + 2)} for i in range(16)]
+    rows[2] = {"prompt": "1+1=", "chosen": 2, "rejected": "3"}
+    rows[5] = {"prompt": "1+1=", "chosen": "2"}
+    rows[11] = {"prompt": "1+1=", "chosen": "2", "rejected": "2"}  # identical: dropped and counted either way
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(_json.dumps(r) for r in rows))
+    from tether.models.reward_model import build_tiny_reward_model
+
+    config, trainer = (DPOConfig, PreferenceTrainer) if stage == "dpo" else (RewardModelConfig, RewardTrainer)
+    build = build_tiny if stage == "dpo" else build_tiny_reward_model
+    base = {"data": {"path": str(path)}, "train": {"max_steps": 1, "batch_size": 4, "progress": False},
+            "report_to": []}
+    with pytest.raises(DataError, match=r"pairs\.jsonl.*line 3.*chosen(.|\n)*line 6.*rejected"):
+        trainer(config(**base), *build(), tmp_path / "raise")
+    skipping = trainer(config(**{**base, "data": {**base["data"], "on_error": "skip"}}), *build(),
+                       tmp_path / "skip")
+    assert len(skipping.examples) == 13
+    results = skipping.fit()
+    assert results["data/skipped"] == 2 and results["data/dropped_identical"] == 1

@@ -85,13 +85,6 @@ class PairDataConfig(DataConfig):
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="share of `path` records held out "
                                                               "when there is no eval_path")
 
-    @model_validator(mode="after")
-    def _no_skipping(self) -> PairDataConfig:
-        if self.on_error == "skip":
-            raise ValueError("data.on_error: skip is for SFT / pretrain files; pair and stepwise data report every "
-                             "bad row (fix them, or drop them from the file)")
-        return self
-
 
 class PreferenceDataConfig(PairDataConfig):
     """Pairs for the offline preference losses."""

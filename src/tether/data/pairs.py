@@ -47,13 +47,14 @@ def _drop_reason(row: Any) -> str | None:
     return None
 
 
-def load_pair_records(source: Any, format: str | None = None, *, split: str = "train"
-                      ) -> tuple[list[dict], dict[str, int]]:
+def load_pair_records(source: Any, format: str | None = None, *, split: str = "train",
+                      skipped: dict[str, int] | None = None) -> tuple[list[dict], dict[str, int]]:
     """Load and validate records like ``load_records``, first dropping pairs whose chosen equals
     their rejected and records with an empty completion, which are counted, not fatal.
 
     Returns ``(records, {"identical": n, "empty": n})``. Any other bad row raises ``DataError``
-    naming the source, row (or jsonl line) and field, with the numbering of the original file.
+    naming the source, row (or jsonl line) and field, with the numbering of the original file; with
+    ``skipped`` (a dict, ``data.on_error: skip``) bad rows are left out and counted there by kind.
     """
     rows, lines, name = read_rows(source, split=split)
     counts = {"identical": 0, "empty": 0}
@@ -69,10 +70,10 @@ def load_pair_records(source: Any, format: str | None = None, *, split: str = "t
                         f"rejected, {counts['empty']} with an empty completion)", source=name)
     kept = [rows[i] for i in keep]
     if lines is not None:
-        records = validate_records(kept, format, name, line_numbers=[lines[i] for i in keep])
+        records = validate_records(kept, format, name, line_numbers=[lines[i] for i in keep], skipped=skipped)
     else:
         try:
-            records = validate_records(kept, format, name)
+            records = validate_records(kept, format, name, skipped=skipped)
         except DataError as err:
             if err.row is None or len(keep) == len(rows):
                 raise
@@ -97,19 +98,25 @@ def _held_out(records: list[dict], fraction: float, seed: int) -> tuple[list[dic
 
 def pair_data(data: PairDataConfig, *, kind: str, format: str | None, unpaired: bool = False
               ) -> tuple[list[dict], list[dict], dict[str, int]]:
-    """Training and held-out records of a pair-data config, and the drop counts.
+    """Training and held-out records of a pair-data config, and the drop counts (``skipped``: bad rows left
+    out under ``data.on_error: skip``).
 
     ``kind``: the synthetic kind used when ``data.task.kind`` is unset. ``unpaired``: synthetic
     training records as unpaired ``{prompt, completion, label}`` (KTO); held-out ones stay pairs.
     """
     if data.path is not None:
-        records, counts = load_pair_records(data.path, format)
+        skipped: dict[str, int] | None = {} if data.on_error == "skip" else None
+        records, counts = load_pair_records(data.path, format, skipped=skipped)
         if data.eval_path is not None:
-            held, eval_counts = load_pair_records(data.eval_path, None if unpaired else format)
+            held, eval_counts = load_pair_records(data.eval_path, None if unpaired else format, skipped=skipped)
             counts = {k: counts[k] + eval_counts[k] for k in counts}
-            return records, held, counts
-        train, held = _held_out(records, data.eval_fraction, seed=0)
-        return train, held, counts
+        else:
+            records, held = _held_out(records, data.eval_fraction, seed=0)
+        if skipped:
+            counts["skipped"] = sum(skipped.values())
+            log.warning("skipped %d bad rows of %s (data.on_error: skip): %s", counts["skipped"], data.path,
+                        "; ".join(f"{n} x {k}" for k, n in skipped.items()))
+        return records, held, counts
     source = data.task
     task = get_task(source.name, **source.options)
     kind = source.kind or kind

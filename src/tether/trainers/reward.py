@@ -62,6 +62,8 @@ class RewardModelTrainer(Trainer):
         self.examples, stats = self._tokenize(records)
         self.eval_examples, _ = self._tokenize(eval_records or [])
         self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0) for k in ("identical", "empty", "overflow")}
+        if counts.get("skipped"):  # bad rows left out under data.on_error: skip
+            self.data_stats["skipped"] = counts["skipped"]
         if not self.examples:
             raise DataError(f"stage {self.stage!r}: no training examples left ({self.data_stats}); check "
                             "data.max_length and data.overflow")
