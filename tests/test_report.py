@@ -66,17 +66,23 @@ def test_report_is_self_contained_with_plots_per_stage_and_figures(tmp_path):
     html = path.read_text()
 
     images = embedded_pngs(html)
-    # sft: train + eval groups; ppo: train, policy, reward, value groups + gold/proxy/KL; + overoptimization.png
-    assert len(images) == 2 + 5 + 1
+    # sft: key curves (eval/accuracy, loss; lr never moves); ppo: key curves (kl), policy, reward, value groups +
+    # gold/proxy/KL; + overoptimization.png
+    assert len(images) == 1 + 5 + 1
     assert all(png.startswith(PNG_MAGIC) for png in images)
     assert html.count("<img") == len(images)  # every image is a data URI
     assert not re.search(r"https?://", html, re.IGNORECASE)
     assert not re.search(r"<link|<script|@import|url\(", html, re.IGNORECASE)
 
     plots = sorted(p.name for p in (run / "plots").glob("*.png"))
-    assert plots == ["ppo-gold-proxy-kl.png", "ppo-policy.png", "ppo-reward.png", "ppo-train.png",
-                     "ppo-value.png", "sft-eval.png", "sft-train.png"]
-    assert (run / "plots" / "sft-train.png").read_bytes() in images
+    assert plots == ["ppo-gold-proxy-kl.png", "ppo-key.png", "ppo-policy.png", "ppo-reward.png", "ppo-value.png",
+                     "sft-key.png"]
+    assert (run / "plots" / "sft-key.png").read_bytes() in images
+    assert "1 series that never moved (not plotted)" in html and "lr = 0.001" in html
+    answer = html[html.index("<h2>The answer</h2>"):html.index("<h2>The run</h2>")]
+    assert "<th>sft</th><th>accuracy</th>" in answer and "43.5%" in answer and "57.5%" in answer
+    assert html.index("<h2>The answer</h2>") < html.index("<h2>The run</h2>") < html.index('id="stage-sft"')
+    assert "interrupted" not in html and "not finished" in html  # no stage.json, no checkpoint in this fake run
 
     assert "fake-recipe" in html
     table = html[html.index('<table class="results">'):]
@@ -183,10 +189,45 @@ def test_report_renders_offline_in_headless_chromium(tmp_path):
     run = make_run(tmp_path)
     page = tmp_path / "rendered.html"
     shutil.copy(write_report(run), page)
-    assert render(browser, page, tmp_path / "profile") == {"images": 8, "loaded": 8, "fetched": 0}
+    assert render(browser, page, tmp_path / "profile") == {"images": 7, "loaded": 7, "fetched": 0}
 
     # The probe can fail: a broken image and an external one are seen as such.
     bad = tmp_path / "bad.html"
     bad.write_text('<html><body><img src="data:image/png;base64,AAAA">'
                    '<img src="http://example.invalid/x.png"></body></html>')
     assert render(browser, bad, tmp_path / "profile") == {"images": 2, "loaded": 0, "fetched": 1}
+
+
+def test_report_compares_runs_on_the_same_axes(tmp_path):
+    first = make_run(tmp_path)
+    second = tmp_path / "other"
+    second.mkdir()
+    rows = [{"stage": "sft", "step": s, "loss": 2.0 / s, "eval/accuracy": 0.2 * s / 10} for s in (10, 20, 30)]
+    (second / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (second / "results.json").write_text(json.dumps({"sft": {"accuracy": 0.6, "accuracy_ci95_low": 0.5,
+                                                             "accuracy_ci95_high": 0.7, "n": 100.0}}))
+    result = CliRunner().invoke(app, ["report", str(first), str(second), "--out", str(tmp_path / "cmp.html")])
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "cmp.html").read_text()
+    assert "comparison of run, other" in html and "<h3>run</h3>" in html and "<h3>other</h3>" in html
+    assert "60.0% [50.0%, 70.0%]" in html
+    assert 'id="stage-sft"' in html and 'id="stage-ppo"' not in html  # only the stages both runs have
+    assert sorted(p.name for p in (tmp_path / "cmp-plots").glob("*.png")) == ["sft-key.png"]
+    missing = CliRunner().invoke(app, ["report", str(first), str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "no run directory" in missing.output
+
+
+def test_run_facts_record_the_command_versions_and_stage_times(tmp_path):
+    from tether.stages.run_facts import recorded_invocation
+
+    with recorded_invocation(tmp_path) as add_seconds:
+        add_seconds("sft", 1.5)
+        add_seconds("sft", 2.0)
+    with pytest.raises(KeyboardInterrupt), recorded_invocation(tmp_path):
+        raise KeyboardInterrupt
+    facts = json.loads((tmp_path / "run.json").read_text())
+    assert [i["status"] for i in facts["invocations"]] == ["finished", "interrupted"]
+    assert facts["stage_seconds"] == {"sft": 3.5} and "torch" in facts["invocations"][0]["versions"]
+    assert facts["invocations"][0]["command"].startswith("tether")
+    html = write_report(tmp_path).read_text()
+    assert "<th>sft</th><td></td><td class=\"num\">4s</td>" in html and "interrupted" in html and "torch " in html

@@ -429,13 +429,21 @@ def generate_cmd(
 
 
 @app.command("report")
-def report_cmd(run_dir: Annotated[Path, typer.Argument(help="run directory (tether run --out DIR)")]) -> None:
-    """Write RUN_DIR/report.html: plots of every logged metric, evaluation figures, samples."""
-    from tether.report import write_report
+def report_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(help="run directory (tether run --out DIR); several: compare them")],
+    out: Annotated[Path | None, typer.Option(help="comparison page (several runs); default compare.html here")]
+    = None,
+) -> None:
+    """Write RUN_DIR/report.html (the answer, run facts, configuration, curves, samples); with several run
+    directories, one page comparing them on the same axes."""
+    from tether.report import write_comparison_report, write_report
 
     _setup_logging(False)
     try:
-        path = write_report(run_dir)
+        if len(run_dirs) == 1 and out is None:
+            path = write_report(run_dirs[0])
+        else:
+            path = write_comparison_report(run_dirs, out or Path("compare.html"))
     except FileNotFoundError as err:
         _fail(str(err))
         return

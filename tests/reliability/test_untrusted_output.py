@@ -21,7 +21,7 @@ HOSTILE = [
     "$\\frac{unbalanced mathtext",
 ]
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "tr", "th",
-                "td", "figure", "img", "figcaption"}
+                "td", "figure", "img", "figcaption", "details", "summary", "pre", "span"}
 
 
 class Tags(HTMLParser):

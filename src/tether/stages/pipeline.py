@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from tether.report import write_report
 from tether.rewards.combine import resolve_reward_function
 from tether.stages.recipes import apply_recipe_overrides, builtin_recipes, load_recipe
 from tether.stages.registry import STAGE_TYPES
+from tether.stages.run_facts import recorded_invocation
 from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_settings, stage_settings
 from tether.tasks import get_task
 from tether.trainers import checkpoint as ckpt
@@ -197,14 +200,15 @@ def run_recipe(recipe: dict[str, Any], run_dir: str | Path, *, resume: bool = Tr
         settings = checked_settings(configs, run_dir)
         if main:
             (run_dir / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-        results = _run_stages(configs, settings, run_dir, resume, main)
+        with recorded_invocation(run_dir, enabled=main) as add_seconds:
+            results = _run_stages(configs, settings, run_dir, resume, main, add_seconds)
     if report:
         write_report_safely(run_dir)
     return results
 
 
-def _run_stages(configs: list[StageConfig], settings: dict[str, dict], run_dir: Path, resume: bool, main: bool
-                ) -> dict[str, dict]:
+def _run_stages(configs: list[StageConfig], settings: dict[str, dict], run_dir: Path, resume: bool, main: bool,
+                add_seconds: Callable[[str, float], None]) -> dict[str, dict]:
     results_path = run_dir / "results.json"
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.exists() else {}
     for cfg in configs:
@@ -221,7 +225,11 @@ def _run_stages(configs: list[StageConfig], settings: dict[str, dict], run_dir: 
             torch.set_num_threads(cfg.train.threads)  # from the configuration, never from the caller's process
             if main:
                 record_stage_settings(run_dir / name, settings[name])
-            results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
+            start = time.monotonic()
+            try:
+                results[name] = STAGE_TYPES.get(cfg.type).run(cfg, run_dir, resume)
+            finally:
+                add_seconds(name, time.monotonic() - start)
             if main:
                 write_json_atomic(results_path, results)
     if main:

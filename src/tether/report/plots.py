@@ -1,0 +1,202 @@
+"""The report's figures (matplotlib on the Agg canvas, no pyplot): key curves first, the rest by group."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.report.read import Series, StageMetrics, is_flat, read_jsonl, stage_metrics
+
+GOLD_KEYS = ("reward/gold", "reward/gold/mean", "gold")
+
+PROXY_KEYS = ("reward/proxy", "reward/proxy/mean", "proxy")
+
+KL_KEYS = ("kl", "policy/kl", "kl/mean")
+
+DEFAULT_GROUP = "train"
+
+MAX_PANELS = 16  # per figure; a larger group is split over several figures
+
+DPI = 90
+# The curves a reader looks at first, in this order: the first metric matching each pattern.
+KEY_CURVES = (r"reward(/mean)?$", r"reward/[^/]+/mean$", r"eval/(accuracy|success|pass@\d+)$", r"(policy/)?kl(/mean)?$",
+              r"(policy/)?entropy(/mean)?$", r"(train/)?loss$")
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One rendered figure: its caption, its file name under ``plots/`` and its PNG bytes."""
+
+    title: str
+    filename: str
+    png: bytes
+
+def group_metrics(metrics: StageMetrics) -> dict[str, StageMetrics]:
+    """Metrics grouped by prefix (``reward/mean`` -> ``reward``); ``train`` and ``eval`` first."""
+    groups: dict[str, StageMetrics] = {}
+    for key in sorted(metrics):
+        prefix = key.split("/", 1)[0] if "/" in key else DEFAULT_GROUP
+        groups.setdefault(prefix, {})[key] = metrics[key]
+    order = {DEFAULT_GROUP: 0, "eval": 1}
+    return dict(sorted(groups.items(), key=lambda item: (order.get(item[0], 2), item[0])))
+
+def _new_figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # A bare Figure on the Agg canvas: no pyplot, no global backend switch, no display needed.
+    # Fixed margins rather than a layout engine: constrained layout took 2-3x longer per figure.
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    # No "Software" text chunk: it holds matplotlib's web address, and the page carries no URL.
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+def _draw_series(ax: Any, name: str, lines: dict[str, Series]) -> None:
+    """One panel: a line per run (per seed in a report over seeds, labelled), value against step."""
+    for label, series in lines.items():
+        steps = sorted(series)
+        ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3,
+                label=label or None, alpha=0.85 if len(lines) > 1 else 1.0)
+    if len(lines) > 1:
+        ax.legend(fontsize=6)
+    ax.set_title(name, fontsize=9)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+def small_multiples(title: str, panels: dict[str, dict[str, Series]]) -> bytes:
+    """One panel per metric against step (each holding one line per run), four panels a row."""
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    height = 2.4 * rows + 0.5
+    fig = _new_figure(3.2 * cols, height)
+    fig.subplots_adjust(left=0.8 / (3.2 * cols), right=0.98, bottom=0.55 / height, top=1 - 0.75 / height,
+                        wspace=0.4, hspace=0.6)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (name, lines) in zip(axes, panels.items(), strict=False):
+        _draw_series(ax, name, lines)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return _png(fig)
+
+def _first_present(metrics: StageMetrics, names: tuple[str, ...]) -> Series | None:
+    return next((metrics[n] for n in names if metrics.get(n)), None)
+
+def gold_proxy_kl(title: str, metrics: StageMetrics) -> bytes | None:
+    """Gold and proxy reward against KL to the reference (their own y axes: the RM's scale is
+    arbitrary), or None when the stage does not log all three."""
+    gold, proxy, kl = (_first_present(metrics, keys) for keys in (GOLD_KEYS, PROXY_KEYS, KL_KEYS))
+    if gold is None or proxy is None or kl is None:
+        return None
+    fig = _new_figure(6.0, 4.0)
+    fig.subplots_adjust(left=0.12, right=0.86, bottom=0.13, top=0.88)
+    ax = fig.subplots()
+    right = ax.twinx()
+    for axis, series, label, colour in ((ax, gold, "gold reward", "tab:green"),
+                                        (right, proxy, "proxy (RM) reward", "tab:blue")):
+        points = sorted((kl[s], series[s]) for s in series if s in kl)
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, lw=1, color=colour)
+        axis.set_ylabel(label, color=colour)
+    ax.set_xlabel("KL to reference")
+    ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _png(fig)
+
+def safe_name(text: str) -> str:
+    """``text`` usable as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "x"
+
+
+def key_curves(names: Sequence[str]) -> list[str]:
+    """The key metrics among ``names`` (:data:`KEY_CURVES`), in that order; a pattern may match several."""
+    out: list[str] = []
+    for pattern in KEY_CURVES:
+        out += [n for n in sorted(names) if re.fullmatch(pattern, n) and n not in out]
+    return out
+
+
+def stage_plots(stage: str, runs: dict[str, StageMetrics]) -> tuple[list[Plot], dict[str, float]]:
+    """Every figure of one stage, one line per run (``runs``: label -> metrics; one unlabelled run for a
+    plain report): the key curves first, then a small-multiple figure per group, then gold / proxy vs KL
+    for a single run. Series that never move, and evaluations logged at a single step (their figure is in
+    the table), are left out; returns the flat ones (name -> value) for the page to list."""
+    flat: dict[str, float] = {}
+    names: dict[str, dict] = {}
+    for metrics in runs.values():
+        for name, series in metrics.items():
+            if is_flat(series) and (len(series) > 1 or not name.startswith("eval/")):
+                flat.setdefault(name, next(iter(series.values())) if series else math.nan)
+            elif len(series) > 1 or not name.startswith("eval/"):
+                names[name] = {}
+    moving = [n for n in names if n not in flat or any(not is_flat(m.get(n, {})) for m in runs.values())]
+    flat = {n: v for n, v in flat.items() if n not in moving}
+    plots = []
+    key = key_curves(moving)
+    if key:
+        title = f"{stage}: key curves"
+        plots.append(Plot(title, f"{safe_name(stage)}-key.png", small_multiples(
+            title, {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in key})))
+    rest = {n: {} for n in moving if n not in key}
+    for group, members in group_metrics(rest).items():
+        names_in_group = list(members)
+        chunks = [names_in_group[i:i + MAX_PANELS] for i in range(0, len(names_in_group), MAX_PANELS)]
+        for i, chunk in enumerate(chunks):
+            part = f" ({i + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+            suffix = f"-{i + 1}" if len(chunks) > 1 else ""
+            title = f"{stage}: {group}{part}"
+            panels = {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in chunk}
+            plots.append(Plot(title, f"{safe_name(stage)}-{safe_name(group)}{suffix}.png",
+                              small_multiples(title, panels)))
+    title = f"{stage}: gold and proxy reward against KL"
+    png = gold_proxy_kl(title, next(iter(runs.values()))) if len(runs) == 1 else None
+    if png is not None:
+        plots.append(Plot(title, f"{safe_name(stage)}-gold-proxy-kl.png", png))
+    return plots, flat
+
+
+def headline_plot(aggregated: dict[str, dict], key: str) -> bytes | None:
+    """``key`` (e.g. accuracy) per stage: each seed a dot, the mean with its 95% interval as an error bar."""
+    stages = [s for s, figures in aggregated.items() if isinstance(figures.get(key), dict)]
+    if not stages:
+        return None
+    fig = _new_figure(max(4.0, 1.3 * len(stages) + 1.5), 3.2)
+    ax = fig.subplots()
+    for x, stage in enumerate(stages):
+        summary = aggregated[stage][key]
+        ax.plot([x] * len(summary["values"]), summary["values"], "o", color="#999", ms=4)
+        ax.errorbar([x + 0.15], [summary["mean"]], yerr=[[summary["mean"] - summary["ci95"][0]],
+                                                          [summary["ci95"][1] - summary["mean"]]],
+                    fmt="s", color="#c0392b", capsize=4, ms=5)
+    ax.set_xticks(range(len(stages)), stages, fontsize=8)
+    ax.set_ylabel(key, fontsize=8)
+    ax.set_title(f"{key}: seeds (grey) and mean with 95% interval (red)", fontsize=9)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+def comparison_png(run_dirs: Sequence[Path], stages: Sequence[str], keys: Sequence[str], title: str) -> bytes | None:
+    """One panel per metric, one line per stage: the stage's value against step, averaged over the runs
+    (seeds) that logged it at that step; None when no stage logged any of the metrics."""
+    runs = [stage_metrics(read_jsonl(Path(d) / "metrics.jsonl")[0]) for d in run_dirs]
+    panels: dict[str, dict[str, Series]] = {}
+    for key in keys:
+        for stage in stages:
+            series = [run.get(stage, {}).get(key, {}) for run in runs]
+            steps = sorted(set().union(*series))
+            mean = {step: sum(s[step] for s in series if step in s) / sum(step in s for s in series) for step in steps}
+            if mean:
+                panels.setdefault(key, {})[stage] = mean
+    if not panels:
+        return None
+    label = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
+    return small_multiples(title + label, panels)
