@@ -131,6 +131,11 @@ def test_tokenize_dataset_counts(tok, caplog):
     assert stats["truncated"] == 1 and stats["dropped"] == 1 and stats["examples"] == len(examples) == 2
     assert stats["records"] == 3 and stats["loss_tokens"] == 2 + 2  # "2</s>" and "46" (eos cut)
     assert "1 truncated, 1 dropped" in caplog.text
+    assert [r.levelname for r in caplog.records if "truncated" in r.message] == ["WARNING"]  # shown without -v
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tether.data.tokenize"):
+        tokenize_dataset(records[:1], tok, kind="sft", max_length=9)
+    assert [r.levelname for r in caplog.records if "truncated" in r.message] == ["INFO"]  # nothing to report
     _, stats = tokenize_dataset(records, tok, kind="sft", max_length=9, overflow="drop")
     assert stats["truncated"] == 0 and stats["dropped"] == 2
 

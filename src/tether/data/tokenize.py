@@ -220,7 +220,9 @@ def tokenize_dataset(records: Sequence[dict], tokenizer: Any, *, kind: Literal["
     stats["examples"] = len(examples)
     stats["tokens"] = sum(len(e) for e in examples)
     stats["loss_tokens"] = sum(e.num_loss_tokens for e in examples)
-    log.info("tokenised %d %s records -> %d examples (%d truncated, %d dropped, %d split) at max_length %d",
+    # over-long records are always reported (a warning), not only with -v
+    report = log.warning if stats["truncated"] or stats["dropped"] else log.info
+    report("tokenised %d %s records -> %d examples (%d truncated, %d dropped, %d split) at max_length %d",
              stats["records"], kind, stats["examples"], stats["truncated"], stats["dropped"], stats["split"],
              max_length)
     return examples, stats

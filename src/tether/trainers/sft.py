@@ -41,6 +41,7 @@ class SFTTrainer(Trainer):
             self.results["data/skipped"] = total
         self.examples, stats = tokenize_dataset(records, tokenizer, kind=self.kind,
                                                 max_length=config.data.max_length, overflow=config.data.overflow)
+        self.results.update({f"data/{k}": float(stats[k]) for k in ("truncated", "dropped") if stats.get(k)})
         if not self.examples:
             why = (f"all {stats['dropped']} were longer than data.max_length={config.data.max_length} and "
                    "data.overflow is 'drop' (raise max_length, or overflow: truncate)" if stats.get("dropped")
