@@ -72,7 +72,8 @@ def test_report_is_self_contained_with_plots_per_stage_and_figures(tmp_path):
     assert all(png.startswith(PNG_MAGIC) for png in images)
     assert html.count("<img") == len(images)  # every image is a data URI
     assert not re.search(r"https?://", html, re.IGNORECASE)
-    assert not re.search(r"<link|<script|@import|url\(", html, re.IGNORECASE)
+    assert not re.search(r"<link|<script src|@import|url\(", html, re.IGNORECASE)
+    assert html.count('class="chart-data"') == 5 and html.count("<noscript>") == 5  # interactive, PNG fallback
 
     plots = sorted(p.name for p in (run / "plots").glob("*.png"))
     assert plots == ["ppo-gold-proxy-kl.png", "ppo-key.png", "ppo-policy.png", "ppo-reward.png", "ppo-value.png",
@@ -158,9 +159,10 @@ PROBE = """<script>window.addEventListener("load", function () {
   var loaded = images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   var fetched = performance.getEntriesByType("resource")
       .filter(function (e) { return !e.name.startsWith("data:"); }).length;
+  var charts = document.querySelectorAll(".charts .uplot canvas").length;
   var out = document.createElement("pre");
   out.id = "probe";
-  out.textContent = "images=" + images.length + " loaded=" + loaded + " fetched=" + fetched;
+  out.textContent = "images=" + images.length + " loaded=" + loaded + " fetched=" + fetched + " charts=" + charts;
   document.body.appendChild(out);
 });</script>"""
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "chromium-headless-shell", "headless_shell", "google-chrome")
@@ -177,9 +179,9 @@ def render(browser: str, page, profile) -> dict[str, int]:
                f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND",
                "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    match = re.search(r'<pre id="probe">images=(\d+) loaded=(\d+) fetched=(\d+)', done.stdout)
+    match = re.search(r'<pre id="probe">images=(\d+) loaded=(\d+) fetched=(\d+) charts=(\d+)', done.stdout)
     assert match, f"no probe output (exit {done.returncode}): {done.stderr[-2000:]}"
-    return dict(zip(("images", "loaded", "fetched"), map(int, match.groups()), strict=True))
+    return dict(zip(("images", "loaded", "fetched", "charts"), map(int, match.groups()), strict=True))
 
 
 def test_report_renders_offline_in_headless_chromium(tmp_path):
@@ -189,13 +191,15 @@ def test_report_renders_offline_in_headless_chromium(tmp_path):
     run = make_run(tmp_path)
     page = tmp_path / "rendered.html"
     shutil.copy(write_report(run), page)
-    assert render(browser, page, tmp_path / "profile") == {"images": 7, "loaded": 7, "fetched": 0}
+    # JavaScript on: the 7 chart panels are drawn (uPlot canvases), the PNG fallbacks stay in <noscript>;
+    # the images are the gold/proxy-vs-KL figure and the run's own overoptimization.png
+    assert render(browser, page, tmp_path / "profile") == {"images": 2, "loaded": 2, "fetched": 0, "charts": 7}
 
     # The probe can fail: a broken image and an external one are seen as such.
     bad = tmp_path / "bad.html"
     bad.write_text('<html><body><img src="data:image/png;base64,AAAA">'
                    '<img src="http://example.invalid/x.png"></body></html>')
-    assert render(browser, bad, tmp_path / "profile") == {"images": 2, "loaded": 0, "fetched": 1}
+    assert render(browser, bad, tmp_path / "profile") == {"images": 2, "loaded": 0, "fetched": 1, "charts": 0}
 
 
 def test_report_compares_runs_on_the_same_axes(tmp_path):

@@ -3,6 +3,7 @@ a run logs) are escaped in report.html, samples stay one JSON record each, names
 are plain file names, and the sandbox's adversarial suite runs in the default test selection (CI)."""
 
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -21,7 +22,8 @@ HOSTILE = [
     "$\\frac{unbalanced mathtext",
 ]
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "tr", "th",
-                "td", "figure", "img", "figcaption", "details", "summary", "pre", "span"}
+                "td", "figure", "img", "figcaption", "details", "summary", "pre", "span", "script", "noscript"}
+CHART_DATA = re.compile(r'<script type="application/json" class="chart-data">(.*?)</script>', re.S)
 
 
 class Tags(HTMLParser):
@@ -40,7 +42,7 @@ class Tags(HTMLParser):
 def hostile_run(root: Path) -> Path:
     run = root / "run"
     (run / "grpo").mkdir(parents=True)
-    rows = [{"stage": "grpo", "step": s, "loss": 1.0 / s, "reward/" + HOSTILE[1]: 0.5, HOSTILE[8]: 0.1}
+    rows = [{"stage": "grpo", "step": s, "loss": 1.0 / s, "reward/" + HOSTILE[1]: 0.5 * s, HOSTILE[8]: 0.1 * s}
             for s in (1, 2)]
     rows.append({"stage": HOSTILE[0], "step": 1, "loss": 1.0})
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -65,7 +67,18 @@ def test_report_escapes_completions_names_and_figures(tmp_path):
         assert not any(name.startswith("on") for name in attrs), (tag, attrs)
         if tag == "img":
             assert attrs["src"].startswith("data:image/png;base64,"), attrs["src"][:60]
-    assert page.count("<style>") == 1 and "<script" not in page.lower() and "<iframe" not in page.lower()
+    assert page.count("<style>") == 2 and "<iframe" not in page.lower()  # ours and the charting library's
+    # the only scripts: the charting library and its init (no attributes), and data blocks that are pure JSON
+    # with no "<" in them, so no logged name can end a script element or start one
+    scripts = [attrs for tag, attrs in parser.tags if tag == "script"]
+    blocks = CHART_DATA.findall(page)
+    assert blocks and len(scripts) == 2 + len(blocks)
+    assert all(attrs in ({}, {"type": "application/json", "class": "chart-data"}) for attrs in scripts)
+    assert page.lower().count("<script") == page.lower().count("</script>") == len(scripts)
+    for block in blocks:
+        assert "<" not in block and ">" not in block and json.loads(block)["panels"]
+    names = {panel["name"] for block in blocks for panel in json.loads(block)["panels"]}
+    assert "reward/" + HOSTILE[1] in names and HOSTILE[8] in names  # intact, only escaped
     # every hostile string is on the page as text, exactly as the model wrote it
     for text in HOSTILE[:6]:
         assert text in parser.text, text

@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+from tether.report.interactive import assets_html, chart_html, init_html
 from tether.report.plots import Plot, safe_name
 from tether.report.read import as_number
 
@@ -170,7 +171,10 @@ def flat_html(flat: dict[str, float]) -> str:
 
 def stage_html(stage: str, plots: list[Plot], samples: list[dict], flat: dict[str, float] | None = None) -> str:
     parts = [f'<h2 id="stage-{_e(safe_name(stage))}">{_e(stage)}</h2>']
-    parts += [figure_html(p.title, p.png) for p in plots]
+    for plot in plots:
+        static = figure_html(plot.title, plot.png)
+        parts.append(f'<h3 class="chart-title">{_e(plot.title)}</h3>' + chart_html(plot.panels, static)
+                     if plot.panels else static)
     if not plots:
         parts.append('<p class="muted">No moving metric logged for this stage.</p>')
     parts.append(flat_html(flat or {}))
@@ -179,13 +183,17 @@ def stage_html(stage: str, plots: list[Plot], samples: list[dict], flat: dict[st
 
 
 def page_html(title: str, description: str, body: list[str]) -> str:
+    """The page; with interactive charts in ``body``, the charting library in the head and its init script
+    at the end."""
     generated = time.strftime("%Y-%m-%d %H:%M:%S")
+    content = "\n".join(body)
+    charts = 'class="chart-data"' in content
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>tether report: {_e(title)}</title><style>{CSS}</style></head><body>\n"
-            f"<h1>tether report: {_e(title)}</h1><p class=\"muted\">{_e(description)}</p>\n"
-            + "\n".join(body)
-            + f'\n<p class="muted">Written by tether on {generated}.</p>\n</body></html>\n')
+            f"<title>tether report: {_e(title)}</title><style>{CSS}</style>{assets_html() if charts else ''}"
+            f"</head><body>\n<h1>tether report: {_e(title)}</h1><p class=\"muted\">{_e(description)}</p>\n"
+            + content + f'\n<p class="muted">Written by tether on {generated}.</p>\n'
+            + (init_html() if charts else "") + "</body></html>\n")
 
 def seeds_html(aggregated: dict[str, dict]) -> str:
     """Every figure over seeds: mean +- std, the 95% interval of the mean, the number of seeds, the values."""

@@ -30,11 +30,14 @@ KEY_CURVES = (r"reward(/mean)?$", r"reward/[^/]+/mean$", r"eval/(accuracy|succes
 
 @dataclass(frozen=True)
 class Plot:
-    """One rendered figure: its caption, its file name under ``plots/`` and its PNG bytes."""
+    """One rendered figure: its caption, its file name under ``plots/``, its PNG bytes and, for the
+    page's interactive version, the panels it was drawn from (metric -> label -> series)."""
 
     title: str
     filename: str
     png: bytes
+    panels: dict[str, dict[str, Series]] | None = None
+
 
 def group_metrics(metrics: StageMetrics) -> dict[str, StageMetrics]:
     """Metrics grouped by prefix (``reward/mean`` -> ``reward``); ``train`` and ``eval`` first."""
@@ -145,8 +148,8 @@ def stage_plots(stage: str, runs: dict[str, StageMetrics]) -> tuple[list[Plot], 
     key = key_curves(moving)
     if key:
         title = f"{stage}: key curves"
-        plots.append(Plot(title, f"{safe_name(stage)}-key.png", small_multiples(
-            title, {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in key})))
+        panels = {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in key}
+        plots.append(Plot(title, f"{safe_name(stage)}-key.png", small_multiples(title, panels), panels))
     rest = {n: {} for n in moving if n not in key}
     for group, members in group_metrics(rest).items():
         names_in_group = list(members)
@@ -157,7 +160,7 @@ def stage_plots(stage: str, runs: dict[str, StageMetrics]) -> tuple[list[Plot], 
             title = f"{stage}: {group}{part}"
             panels = {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in chunk}
             plots.append(Plot(title, f"{safe_name(stage)}-{safe_name(group)}{suffix}.png",
-                              small_multiples(title, panels)))
+                              small_multiples(title, panels), panels))
     title = f"{stage}: gold and proxy reward against KL"
     png = gold_proxy_kl(title, next(iter(runs.values()))) if len(runs) == 1 else None
     if png is not None:
