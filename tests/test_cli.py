@@ -1,6 +1,7 @@
 """The command line end to end on trivial sizes: artefacts, skip-on-rerun, errors, eval, generate."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -219,3 +220,22 @@ def test_a_full_disk_outside_a_checkpoint_is_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2 and (result.exception is None or isinstance(result.exception, SystemExit))
     assert "error: the disk is full (" in result.output and "--resume" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("case", ["out_not_writable", "reward_module_missing"])
+def test_an_unwritable_out_and_a_reward_that_cannot_be_imported_end_in_one_line(tmp_path, case):
+    config = {"model": {"name_or_path": "tether/tiny"}, "data": {"task": {"name": "arithmetic", "n": 16}},
+              "train": {"max_steps": 1, "batch_size": 4, "progress": False}, "report_to": []}
+    out = tmp_path / "out"
+    if case == "out_not_writable":  # a read-only file system (even root cannot create a folder in /proc)
+        out = Path("/proc") / "tether-test-out"
+        expected, command = "cannot create the run directory", "sft"
+    else:
+        config["rewards"] = [{"name": "no_such_package_xyz.rewards:brevity"}]
+        expected, command = "no_such_package_xyz", "grpo"
+    path = tmp_path / "stage.yaml"
+    path.write_text(json.dumps(config))
+    result = runner.invoke(app, [command, "--config", str(path), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert expected in text and "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3
