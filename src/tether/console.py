@@ -8,7 +8,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+
+def _console() -> Console:
+    """The terminal's width on a terminal; in a log file (80 columns by default) at least 160, so tables keep
+    figure names and values whole instead of cutting them."""
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=max(probe.width, 160))
+
+
+console = _console()
 
 
 def _fmt(value: Any) -> str:
