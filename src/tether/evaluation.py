@@ -110,19 +110,24 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
 
 @torch.no_grad()
 def evaluate_agent(model: torch.nn.Module, tokenizer: Any, env: EnvironmentConfig, loop: AgentLoopConfig,
-                   eval_cfg: AgentEvalConfig | None = None) -> dict[str, float]:
+                   eval_cfg: AgentEvalConfig | None = None, *, progress: bool = True,
+                   label: str = "eval") -> dict[str, float]:
     """Greedy episodes on held-out tasks: ``success`` rate, mean verifier ``score`` and the loop metrics
-    (and the same for sampled episodes, prefixed ``sampled/``, when ``eval_cfg.samples`` > 0)."""
+    (and the same for sampled episodes, prefixed ``sampled/``, when ``eval_cfg.samples`` > 0). With
+    ``progress``, a line ``label: done/total episodes ...`` every 30 s."""
     eval_cfg = eval_cfg or AgentEvalConfig()
     make_env, renderer = environment_renderer(env, tokenizer)
     engine = HFEngine(model, tokenizer, batch_size=eval_cfg.batch_size)
     records = environment_records(env, split="eval", n=eval_cfg.n, seed=eval_cfg.seed)
     agent = AgentLoop(engine, tokenizer, make_env, renderer, loop)
-    greedy = agent.run(records, SamplingParams(n=1, greedy=True))
+    lines = ProgressLines(label, len(records) * (1 + eval_cfg.samples), "episodes", enabled=progress,
+                          console=get_console())
+    greedy = agent.run(records, SamplingParams(n=1, greedy=True), on_progress=lines.update)
     results = with_intervals(trajectory_metrics(greedy, loop.success_threshold),
                              {"success": [float(t.outcome >= loop.success_threshold) for t in greedy]})
     if eval_cfg.samples:
         sampled = agent.run(records, SamplingParams(n=eval_cfg.samples, temperature=eval_cfg.temperature,
-                                                    seed=eval_cfg.seed))
+                                                    seed=eval_cfg.seed),
+                            on_progress=lambda done: lines.update(len(records) + done))
         results.update({f"sampled/{k}": v for k, v in trajectory_metrics(sampled, loop.success_threshold).items()})
     return results

@@ -186,3 +186,22 @@ def test_code_tests_recipe_runs_end_to_end(tmp_path):
     results = run_recipe(recipe, tmp_path, report=False)
     for stage in ("sft", "grpo"):
         assert 0.0 <= results[stage]["success"] <= 1.0 and results[stage]["finish/answer"] > 0.5, results
+
+
+def test_agent_evaluation_reports_progress_and_the_same_figures(monkeypatch, capsys):
+    from tether.config.agent import AgentEvalConfig, AgentLoopConfig, EnvironmentConfig
+    from tether.evaluation import evaluate_agent
+    from tether.runtime import progress
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    env, loop = EnvironmentConfig(**ENV), AgentLoopConfig(max_turns=2, max_tokens=40, max_tokens_per_turn=8)
+    cfg = AgentEvalConfig(n=6, samples=1, batch_size=4)
+    quiet = evaluate_agent(model, tokenizer, env, loop, cfg, progress=False)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    shown = evaluate_agent(model, tokenizer, env, loop, cfg, label="agent eval")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("agent eval:")]
+    done = [int(line.split()[2].split("/")[0]) for line in lines]
+    assert lines and all("/12 episodes (" in line for line in lines)
+    assert done == sorted(done) and done[-1] == 12  # greedy 6 then sampled 6, never going back
+    assert dict(shown) == dict(quiet)

@@ -195,9 +195,11 @@ class AgentLoop:
         self.config = config or AgentLoopConfig()
         self.eos_ids = {tokenizer.eos_token_id}
 
-    def run(self, tasks: list[dict], params: SamplingParams) -> list[Trajectory]:
+    def run(self, tasks: list[dict], params: SamplingParams,
+            on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:
         """``params.n`` episodes per task (contiguous), each verified; ``params.max_new_tokens`` is ignored
-        in favour of ``max_tokens_per_turn`` and the episode budget."""
+        in favour of ``max_tokens_per_turn`` and the episode budget. ``on_progress(finished)`` is called after
+        every turn with the number of episodes that have ended (progress reporting only)."""
         envs, trajectories = [], []
         for g, task in enumerate(tasks):
             for _ in range(params.n):
@@ -218,6 +220,8 @@ class AgentLoop:
                     i = pending.pop(done)
                     if self._apply_step(trajectories[i], *done.result()):
                         ready.append(i)
+                if on_progress is not None:
+                    on_progress(len(trajectories) - len(ready) - len(pending))
             scores = list(pool.map(lambda k: envs[k].verify(trajectories[k], trajectories[k].task),
                                    range(len(trajectories))))
         for trajectory, score in zip(trajectories, scores, strict=True):

@@ -90,7 +90,8 @@ class AgentRLTrainer(RLTrainer):
         if self.config.eval is None:
             return {}
         return evaluate_agent(self.model, self.tokenizer, self.config.environment, self.config.agent,
-                              self.config.eval)
+                              self.config.eval, progress=self.config.train.progress and self.dist.is_main,
+                              label=f"{self.stage} eval")
 
 
 def gigpo_token_advantages(trajectories: list[Trajectory], rewards: torch.Tensor, group_size: int, width: int,
