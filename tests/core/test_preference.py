@@ -299,3 +299,33 @@ def test_kto_gradient_matches_per_example_loop():
             total = total + 0.5 * (1 - 1 / (1 + torch.exp(-0.1 * (z0 - r))))
     (total / len(logps)).backward()
     torch.testing.assert_close(batch["logps"].grad, logps.grad)
+
+
+def test_slic_hand_value_and_gradient():
+    # ref_free(): chosen [-2, -6], rejected [-6, -4], margins [4, -2]. δ = 1, λ = 0.1:
+    # pair 1: max(0, 1 - 4) = 0, + 0.2 = 0.2; pair 2: max(0, 1 + 2) = 3, + 0.6 = 3.6; mean 1.9.
+    inputs = ref_free()
+    loss, metrics = loss_of("slic", inputs, slic_delta=1.0, slic_lambda=0.1)
+    assert loss.item() == pytest.approx(1.9)
+    assert metrics["calibration"].item() == pytest.approx(1.5) and metrics["rewards/accuracy"].item() == 0.5
+    loss.backward()
+    # d/dc: (-1[margin < δ] - λ) / 2 -> pair 1: -0.05, pair 2: -0.55; d/dr: 1[margin < δ] / 2 -> 0, 0.5
+    assert inputs.chosen_logps.grad.tolist() == pytest.approx([-0.05, -0.55])
+    assert inputs.rejected_logps.grad.tolist() == pytest.approx([0.0, 0.5])
+    assert loss_of("slic", ref_free(), slic_delta=0.0, slic_lambda=0.0)[0].item() == pytest.approx(1.0)  # hinge only
+
+
+def test_slic_matches_a_naive_loop_on_random_pairs():
+    g = torch.Generator().manual_seed(3)
+    chosen, rejected = (-30 * torch.rand(9, generator=g, dtype=torch.float64) for _ in range(2))
+    weights = torch.rand(9, generator=g, dtype=torch.float64) + 0.1
+    inputs = PreferenceInputs(chosen_logps=chosen.clone().requires_grad_(True),
+                              rejected_logps=rejected.clone().requires_grad_(True), weights=weights)
+    loss, _ = loss_of("slic", inputs, slic_delta=2.5, slic_lambda=0.3)
+    loss.backward()
+    c, r = chosen.clone().requires_grad_(True), rejected.clone().requires_grad_(True)
+    total = sum(weights[i] * (max(0.0, 2.5 - (c[i] - r[i])) - 0.3 * c[i]) for i in range(9)) / weights.sum()
+    total.backward()
+    torch.testing.assert_close(loss, total, rtol=0, atol=1e-10)
+    torch.testing.assert_close(inputs.chosen_logps.grad, c.grad, rtol=0, atol=1e-10)
+    torch.testing.assert_close(inputs.rejected_logps.grad, r.grad, rtol=0, atol=1e-10)

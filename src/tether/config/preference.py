@@ -18,9 +18,9 @@ from tether.config.sampling import SamplingConfig
 from tether.core.preference import PREFERENCE_LOSSES, UNPAIRED_LOSSES, PreferenceInputs, mixed_preference_loss
 from tether.core.reward import STEP_AGGREGATIONS
 
-REFERENCE_FREE = frozenset({"simpo", "orpo"})
+REFERENCE_FREE = frozenset({"simpo", "orpo", "slic"})
 HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "nll_norm", "simpo_gamma", "length_normalize",
-           "desirable_weight", "undesirable_weight")
+           "desirable_weight", "undesirable_weight", "slic_delta", "slic_lambda")
 
 
 class RewardModelConfig(StageConfig):
@@ -67,6 +67,9 @@ class PreferenceLossConfig(StrictModel):
         None, description="rpo / orpo: the chosen NLL as a mean per sequence (the papers; default) or over all "
                           "chosen tokens of the batch (TRL's convention)")
     simpo_gamma: float | None = Field(None, description="simpo: target margin")
+    slic_delta: float | None = Field(None, ge=0, description="slic: the calibration margin delta on summed "
+                                                              "log-likelihoods")
+    slic_lambda: float | None = Field(None, ge=0, description="slic: weight of the chosen sequence NLL")
     length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
     desirable_weight: float | None = Field(None, gt=0, description="kto")
     undesirable_weight: float | None = Field(None, gt=0, description="kto")

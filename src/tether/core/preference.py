@@ -270,6 +270,26 @@ def orpo_loss(inputs: PreferenceInputs, *, beta: float = 0.1, nll_norm: str = "s
     return nll_loss + _batch_mean(-beta * F.logsigmoid(log_odds_c - log_odds_r), inputs.weights), metrics
 
 
+@PREFERENCE_LOSSES.register("slic")
+def slic_loss(inputs: PreferenceInputs, *, beta: float = 1.0, slic_delta: float = 1.0,
+              slic_lambda: float = 0.1) -> tuple[Tensor, Metrics]:
+    """SLiC-HF: a calibration hinge on the raw sequence log-likelihoods plus a likelihood regulariser.
+
+    Zhao et al. 2023, "SLiC-HF: Sequence Likelihood Calibration with Human Feedback", Eq. 1:
+    ``l = max(0, δ - log π(y_c) + log π(y_r)) - λ log π(y_ref)``, log-likelihoods summed over the
+    completion's tokens, no reference model. The chosen completion stands in for the SFT target
+    ``y_ref`` (the pairs' preferred answer; the paper's "SLiC-HF with y_ref = y+" variant). δ =
+    ``slic_delta``, λ = ``slic_lambda`` (the regulariser is per pair, a sequence NLL). Unlike ``hinge``
+    (RSO's reference-normalised hinge) nothing here is relative to a reference. β only scales the
+    rewards reported (``β log π(y)``).
+    """
+    margin = inputs.chosen_logps - inputs.rejected_logps
+    per_pair = torch.relu(slic_delta - margin) - slic_lambda * inputs.chosen_logps
+    metrics = _reward_metrics(beta * inputs.chosen_logps, beta * inputs.rejected_logps, inputs)
+    metrics["calibration"] = torch.relu(slic_delta - margin).detach().mean()
+    return _batch_mean(per_pair, inputs.weights), metrics
+
+
 @PREFERENCE_LOSSES.register("sppo_hard")
 def sppo_hard_loss(inputs: PreferenceInputs, *, beta: float = 0.1) -> tuple[Tensor, Metrics]:
     """SPPO with hard win probabilities: regress each log-ratio onto ±1/(2β) separately.
