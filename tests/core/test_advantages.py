@@ -361,3 +361,27 @@ def test_estimators_declare_the_inputs_they_read_beyond_rewards():
     registry = Registry("thing")
     registry.register("a", "alias", needs=("x",))(lambda: None)
     assert registry.needs("alias") == {"x"}
+
+
+def test_reinforce_mean_of_all_past_rewards_baseline():
+    # step 1: nothing seen yet, b = mean([1, 0, 1, 0]) = 0.5 -> A = [0.5, -0.5, 0.5, -0.5]; state [0.5, 4]
+    out = compute_advantages("reinforce", _inputs([1, 0, 1, 0]), baseline="mean")
+    torch.testing.assert_close(_per_seq(out), torch.tensor([0.5, -0.5, 0.5, -0.5]))
+    torch.testing.assert_close(out.state["running_baseline"], torch.tensor([0.5, 4.0]))
+    # step 2: b = 0.5 (the 4 rewards so far) -> A = [0.5, 0.5, 0.5, -0.5]; all 8 rewards: 5 / 8 = 0.625
+    out = compute_advantages("reinforce", _inputs([1, 1, 1, 0], running_baseline=out.state["running_baseline"]),
+                             baseline="mean")
+    torch.testing.assert_close(_per_seq(out), torch.tensor([0.5, 0.5, 0.5, -0.5]))
+    torch.testing.assert_close(out.state["running_baseline"], torch.tensor([0.625, 8.0]))
+    # a naive loop over 5 random steps: the baseline of step k is the plain mean of every earlier reward
+    g = torch.Generator().manual_seed(0)
+    seen, state = [], None
+    for _ in range(5):
+        rewards = torch.rand(6, generator=g).tolist()
+        out = compute_advantages("reinforce", _inputs(rewards, running_baseline=state), baseline="mean")
+        expected_b = sum(seen) / len(seen) if seen else sum(rewards) / len(rewards)
+        torch.testing.assert_close(_per_seq(out), torch.tensor(rewards) - expected_b)
+        seen += rewards
+        state = out.state["running_baseline"]
+    with pytest.raises(ValueError, match="moving_average or mean"):
+        compute_advantages("reinforce", _inputs([1.0, 0.0]), baseline="median")

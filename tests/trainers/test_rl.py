@@ -173,3 +173,19 @@ def test_prompt_template_reaches_the_model_and_the_rewards(tmp_path):
     assert t.tokenizer.decode(t.prompt_ids[0]).endswith("<think>")
     with pytest.raises(ValueError, match="must contain"):
         config(data={"task": {"name": "arithmetic"}, "prompt_template": "no placeholder"})
+
+
+def test_reinforce_with_the_mean_of_all_past_rewards_carries_its_state_through_a_resume(tmp_path):
+    def cfg(steps, save_every=None):
+        return config("reinforce", advantage_kwargs={"baseline": "mean"},
+                      train={"max_steps": steps, "batch_size": 4, "save_every": save_every, "progress": False})
+
+    full = trainer(tmp_path / "full", cfg(4))
+    full.train()
+    assert full.running_baseline.shape == (2,) and full.running_baseline[1].item() == 4 * 4 * 4  # 4 steps x 16
+    trainer(tmp_path / "cut", cfg(2, save_every=2)).train()
+    resumed = trainer(tmp_path / "cut", cfg(4, save_every=2))
+    resumed.train(resume=True)
+    assert torch.equal(resumed.running_baseline, full.running_baseline)
+    flat = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (full.model, resumed.model)]
+    assert torch.equal(flat[0], flat[1])

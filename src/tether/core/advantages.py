@@ -211,30 +211,48 @@ def rloo(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 @ADVANTAGE_ESTIMATORS.register("reinforce")
 @torch.no_grad()
-def reinforce(inputs: AdvantageInputs, *, baseline_momentum: float = 0.9) -> AdvantageOutputs:
-    """REINFORCE with a moving-average baseline: A_i = r_i - b, then b <- m*b + (1-m)*mean(r).
+def reinforce(inputs: AdvantageInputs, *, baseline_momentum: float = 0.9,
+              baseline: str = "moving_average") -> AdvantageOutputs:
+    """REINFORCE with a baseline carried across steps: A_i = r_i - b.
 
     Williams 1992, the REINFORCE update dw = alpha * (r - b) * dlog pi/dw with reinforcement
-    baseline b. ``inputs.running_baseline`` is b from
-    the previous step; the updated b is returned in ``state["running_baseline"]``. Differs: on
-    the first step (running_baseline None) b starts at this batch's mean reward rather than 0,
-    so the first update is not a plain "raise everything" push.
+    baseline b. ``baseline``:
+
+    - ``moving_average`` (default): b <- m*b + (1-m)*mean(r), m = ``baseline_momentum``;
+      ``inputs.running_baseline`` is b from the previous step.
+    - ``mean``: b = the mean of every reward received before this step (b_k = (1/N) sum_{j<k} r_j,
+      "the average of all rewards so far", the simplest baseline of Williams' paper);
+      ``inputs.running_baseline`` is ``[b, N]``.
+
+    The updated state is returned in ``state["running_baseline"]``. Differs: on the first step
+    (running_baseline None) b starts at this batch's mean reward rather than 0, so the first update
+    is not a plain "raise everything" push.
     """
     if not 0.0 <= baseline_momentum <= 1.0:
         raise ValueError(f"baseline_momentum must be in [0, 1], got {baseline_momentum}")
+    if baseline not in ("moving_average", "mean"):
+        raise ValueError(f"baseline must be moving_average or mean, got {baseline!r}")
     rewards, mask = _sequence_rewards(inputs), _mask(inputs)
     batch_mean = rewards.mean()
-    if inputs.running_baseline is None:
-        baseline = batch_mean
+    state = None if inputs.running_baseline is None else \
+        inputs.running_baseline.detach().to(rewards.device, torch.float32)
+    if baseline == "mean":
+        if state is not None and state.numel() != 2:
+            raise ValueError("reinforce baseline 'mean' carries [mean, count]; the run's state holds another "
+                             "baseline (was it started with baseline: moving_average?)")
+        b, seen = (batch_mean, 0.0) if state is None else (state[0], state[1])
+        count = rewards.numel()
+        new_state = torch.stack([(b * seen + rewards.sum()) / (seen + count),
+                                 torch.as_tensor(seen + count, dtype=torch.float32, device=rewards.device)])
     else:
-        baseline = inputs.running_baseline.detach().to(rewards.device, torch.float32).reshape(())
-    advantages = _broadcast(rewards - baseline, mask)
-    new_baseline = baseline_momentum * baseline + (1.0 - baseline_momentum) * batch_mean
+        b = batch_mean if state is None else state.reshape(())
+        new_state = baseline_momentum * b + (1.0 - baseline_momentum) * batch_mean
+    advantages = _broadcast(rewards - b, mask)
     return AdvantageOutputs(
         advantages=advantages,
         returns=None,
-        metrics=_metrics(advantages, mask, rewards, baseline=baseline),
-        state={"running_baseline": new_baseline},
+        metrics=_metrics(advantages, mask, rewards, baseline=b),
+        state={"running_baseline": new_state},
     )
 
 
