@@ -189,3 +189,21 @@ def test_reinforce_with_the_mean_of_all_past_rewards_carries_its_state_through_a
     assert torch.equal(resumed.running_baseline, full.running_baseline)
     flat = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (full.model, resumed.model)]
     assert torch.equal(flat[0], flat[1])
+
+
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_dapo_overlong_filtering_masks_only_truncated_completions(tmp_path, mask_truncated):
+    """DAPO's overlong filtering (Yu et al. 2025, Sec. 3.4): a completion cut at max_new_tokens gets no loss."""
+    cfg = config("grpo", rollout={"group_size": 4, "max_new_tokens": 3, "mask_truncated": mask_truncated})
+    t = trainer(tmp_path, cfg)
+    batch = t.collect()
+    n = len(batch.rollout.finish_reasons)
+    batch.rollout.finish_reasons = ["length" if i % 3 == 0 else "stop" for i in range(n)]  # a known pattern
+    t.prepare(batch)
+    truncated = batch.truncated.bool()
+    assert truncated.tolist() == [i % 3 == 0 for i in range(n)]
+    kept = batch.mask.sum(1)
+    if mask_truncated:
+        assert (kept[truncated] == 0).all() and (kept[~truncated] > 0).all()
+    else:
+        assert (kept > 0).all()
