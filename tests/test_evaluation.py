@@ -86,3 +86,26 @@ def test_progress_lines_wait_for_the_interval_and_report_the_end():
     lines.update(4)  # finished after the interval: one closing line
     assert len(printed) == 1 and printed[0].startswith("x: 4/4 items (100%), ") and printed[0].endswith("0s left")
     assert (format_duration(65), format_duration(42), format_duration(float("inf"))) == ("1m05s", "42s", "?")
+
+
+def test_majority_answer_by_hand():
+    from tether.evaluation import majority_answer
+
+    texts = ["<think>a</think>42", "<think>b</think> 41", "<think>c</think>41 ", "<think>d</think>42"]
+    assert majority_answer(texts) == "<think>a</think>42"  # a 2-2 tie goes to the answer seen first
+    assert majority_answer([*texts, "<think>e</think>41"]) == "<think>b</think> 41"  # 41 now wins 3-2
+    assert majority_answer(["7"]) == "7"
+    with pytest.raises(ValueError):
+        majority_answer([])
+
+
+def test_pass_and_majority_at_k_come_with_their_intervals():
+    from tether.config.common import EvalConfig
+    from tether.evaluation import evaluate_task
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    figures = evaluate_task(model, tokenizer, EvalConfig(n=8, max_new_tokens=4, samples=3), progress=False)
+    for name in ("pass@3", "maj@3"):
+        assert 0 <= figures[f"{name}_ci95_low"] <= figures[name] <= figures[f"{name}_ci95_high"] <= 1
+        assert len(figures.outcomes[name]) == 8
+    assert figures["maj@3"] <= figures["pass@3"]  # the majority is one of the k: it can only pass if one does

@@ -8,6 +8,7 @@ problems with a paired interval (:func:`paired_gains`)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from tether.rollout.agent import AgentLoop, environment_renderer, trajectory_met
 from tether.rollout.environment import environment_records
 from tether.runtime.progress import ProgressLines
 from tether.tasks import eval_records, get_task
+from tether.tasks.base import extract_answer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -32,6 +34,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority_answer(completions: list[str]) -> str:
+    """The completion whose final answer (the text after ``</think>``, whitespace-normalised) is the most
+    common among ``completions``; ties go to the answer seen first. Self-consistency (Wang et al. 2023,
+    "Self-Consistency Improves Chain of Thought Reasoning in Language Models"): maj@k scores this one."""
+    if not completions:
+        raise ValueError("majority_answer needs at least one completion")
+    keys = [" ".join(extract_answer(c).split()) for c in completions]
+    counts = Counter(keys)
+    best = max(counts.values())
+    winner = next(k for k in keys if counts[k] == best)
+    return completions[keys.index(winner)]
 
 
 class Figures(dict):
@@ -70,7 +85,8 @@ def paired_gains(before: dict[str, list[float]], after: dict[str, list[float]], 
 @torch.no_grad()
 def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
                   records: list[dict] | None = None, *, progress: bool = True, label: str = "eval") -> Figures:
-    """Greedy exact-match accuracy on held-out problems; with ``samples`` = k > 1 also pass@k.
+    """Greedy exact-match accuracy on held-out problems; with ``samples`` = k > 1 also pass@k, maj@k
+    (the majority answer of the k samples, :func:`majority_answer`) and mean@k.
 
     Returns ``{"accuracy": ..., "format": ..., "pass@k": ..., "n": ...}`` (fractions in [0, 1]) with the
     Wilson interval of accuracy and pass@k, and their per-problem outcomes in ``.outcomes``. With
@@ -99,11 +115,16 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
         sampled = engine.generate(ids, SamplingParams(n=cfg.samples, temperature=cfg.temperature,
                                                       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
         hits = [0] * len(records)
+        per_problem: list[list[str]] = [[] for _ in records]
         for text, index in zip(sampled.texts, sampled.prompt_index, strict=True):
             hits[index] += int(task.verify(text, answers[index]) > 0)
+            per_problem[index].append(text)
         k = cfg.samples
         outcomes[f"pass@{k}"] = [pass_at_k(k, c, k) for c in hits]  # 0 or 1 when k = n
+        outcomes[f"maj@{k}"] = [float(task.verify(majority_answer(texts), answer) > 0)
+                                for texts, answer in zip(per_problem, answers, strict=True)]
         results[f"pass@{k}"] = sum(outcomes[f"pass@{k}"]) / len(hits)
+        results[f"maj@{k}"] = sum(outcomes[f"maj@{k}"]) / len(hits)
         results[f"mean@{k}"] = sum(hits) / (k * len(hits))
     return with_intervals(results, outcomes)
 
