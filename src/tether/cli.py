@@ -312,15 +312,19 @@ def eval_cmd(
     reward_model: Annotated[str | None, typer.Option(help="reward model directory for --scorer rm")] = None,
     plot: Annotated[Path | None, typer.Option(help="best-of-n: save accuracy against n as a PNG")] = None,
     scorer_option: Annotated[list[str] | None, typer.Option(help="best-of-n judge option key=value")] = None,
+    metrics: Annotated[str | None, typer.Option(help="text metrics, e.g. distinct,length_by_outcome,reflection")]
+    = None,
 ) -> None:
-    """Evaluate a model on a task's held-out split: greedy accuracy and pass@k, or best-of-n against n."""
+    """Evaluate a model on a task's held-out split: greedy accuracy, pass@k and maj@k, text metrics, or
+    best-of-n against n."""
     from tether.stages import evaluate
 
     _setup_logging(False)
     options = dict(parse_overrides(list(option or [])))
     cfg = {"model": {"name_or_path": model},
            "eval": {"task": task, "options": options, "n": n, "samples": samples, "temperature": temperature,
-                    "max_new_tokens": max_new_tokens, "chat": chat}}
+                    "max_new_tokens": max_new_tokens, "chat": chat,
+                    "metrics": [m.strip() for m in (metrics or "").split(",") if m.strip()]}}
     try:
         if best_of:
             judge = dict(parse_overrides(list(scorer_option or [])))

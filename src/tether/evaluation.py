@@ -17,6 +17,7 @@ from rich import get_console
 from tether.config.agent import AgentEvalConfig, AgentLoopConfig, EnvironmentConfig
 from tether.config.common import EvalConfig
 from tether.core.statistics import paired_bootstrap_interval, wilson_interval
+from tether.core.text_metrics import TEXT_METRICS
 from tether.data.tokenize import tokenize_prompts
 from tether.rewards.verifiers import format_reward
 from tether.rollout import HFEngine, SamplingParams
@@ -111,6 +112,8 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Any, cfg: EvalConfig,
     }
     if hasattr(task, "metrics"):  # a task's own figures on the greedy completions (e.g. a violation rate)
         results.update(task.metrics(records, greedy.texts))
+    for name in cfg.metrics:  # text metrics asked for (eval.metrics)
+        results.update(TEXT_METRICS.get(name)(greedy.texts, correct))
     if cfg.samples > 1:
         sampled = engine.generate(ids, SamplingParams(n=cfg.samples, temperature=cfg.temperature,
                                                       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tether.config.base import StrictModel
+from tether.core.text_metrics import TEXT_METRICS
 
 
 class LoraConfig(StrictModel):
@@ -119,8 +120,18 @@ class EvalConfig(StrictModel):
     chat: bool = Field(False, description="wrap prompts in the chat template")
     prompt_template: str = Field("{prompt}", description="how a problem becomes the prompt, e.g. '{prompt}<think>'")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
+    metrics: list[str] = Field(default_factory=list, description="text metrics of the greedy completions: "
+                                                                  "distinct, length_by_outcome, reflection")
 
-    held_out: ClassVar[bool] = True  # its seed picks the held-out problems: a recipe's seed leaves it alone
+    held_out: ClassVar[bool] = True
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, value: list[str]) -> list[str]:
+        unknown = [m for m in value if m not in TEXT_METRICS]
+        if unknown:
+            raise ValueError(f"unknown metric {unknown[0]!r}; valid: {', '.join(TEXT_METRICS.names())}")
+        return value  # its seed picks the held-out problems: a recipe's seed leaves it alone
 
 
 class StageConfig(StrictModel):
