@@ -109,7 +109,7 @@ def launcher_processes() -> list[int]:
 
 def test_a_launcher_killed_mid_run_gives_a_failed_result_not_an_exception():
     results = []
-    thread = threading.Thread(target=lambda: results.append(run("import time\ntime.sleep(8)", wall_s=20)))
+    thread = threading.Thread(target=lambda: results.append(run("import time\ntime.sleep(4)", wall_s=20)))
     thread.start()
     deadline = time.monotonic() + 10
     while len(launcher_processes()) < 2 and time.monotonic() < deadline:
