@@ -25,15 +25,26 @@ def run(code: str, namespaces: bool, **limits):
     return run_python(code, limits=SandboxLimits(**{**SMALL, "namespaces": namespaces, **limits}))
 
 
+def _describe(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text()[:120] + " | "
+                + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200])
+    except OSError:
+        return "gone"
+
+
 def sandbox_processes() -> list[int]:
-    """Pids of live processes owned by one of this test process's sandbox uids."""
+    """Pids of live processes owned by one of this test process's sandbox uids. A zombie (state Z: dead,
+    waiting for whoever inherited it to read its exit status) is not live: a killed fallback program whose
+    launcher was killed with it is inherited by the machine's pid 1, which may reap it late."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if _UID_BASE <= entry.stat().st_uid < _UID_BASE + _UID_SLOTS:
+                if _UID_BASE <= entry.stat().st_uid < _UID_BASE + _UID_SLOTS and \
+                        (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     pids.append(int(entry.name))
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError, IndexError):
                 pass
     return pids
 
@@ -137,7 +148,8 @@ def test_a_permitted_shell_runs_unprivileged_and_isolated(monkeypatch):
     lines = result.stdout.split()
     assert result.ok and lines[0] == "[]" and _UID_BASE <= int(lines[1]) < _UID_BASE + _UID_SLOTS
     assert str(os.getpid()) not in lines[2:]  # its own pid namespace: the host's processes are invisible
-    assert sandbox_processes() == []
+    left = sandbox_processes()
+    assert left == [], [(pid, _describe(pid)) for pid in left]
 
 
 @pytest.mark.parametrize("namespaces", MODES)

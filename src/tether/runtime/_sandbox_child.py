@@ -30,8 +30,9 @@ the program as root: it runs under the dedicated uid, with an interpreter every 
 own, or when that is closed to others, e.g. a pyenv under ``/root``, the parent's ``shared_python``);
 when there is none it refuses (status ``{"refused": reason}``) rather than run the program as root.
 
-Status goes to ``status_fd`` as JSON lines: ``{"pid": host pid of the namespace's pid 1}`` first,
-then ``{"exit": code, "signal": n, "isolation": {...}}``.
+Status goes to ``status_fd`` as JSON lines: ``{"pid": host pid of the namespace's pid 1}`` (in the
+fallback, of the fork that waits for the program) first, in the fallback ``{"program": its pid}``, then
+``{"exit": code, "signal": n, "isolation": {...}}``.
 """
 
 import ctypes
@@ -258,6 +259,7 @@ def main():
         child = os.fork()  # the fallback: the host directory made (and removed) by the parent
         if child == 0:
             _child(job, job["workdir"], isolation)
+        report({"program": child})  # the parent kills the program alone; this process then reaps it
         report({**_wait_status(child), "isolation": isolation})
         os._exit(0)
     report({"pid": pid})

@@ -187,12 +187,23 @@ def _read_bounded(proc: subprocess.Popen, status_fd: int, deadline: float, cap: 
     return bytes(streams[proc.stdout.fileno()]), bytes(streams[proc.stderr.fileno()]), status, limit
 
 
-def _kill_tree(proc: subprocess.Popen, ns_init: int | None) -> None:
-    """SIGKILL the namespace's pid 1 (the kernel then kills every process in it) and the launcher's
-    process group. Called before the launcher is reaped, so neither id can have been reused."""
-    if ns_init is not None and proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(ns_init, signal.SIGKILL)
+def _kill_tree(proc: subprocess.Popen, status: list[dict]) -> None:
+    """End whatever is left of a run. Namespaces: SIGKILL the namespace's pid 1 (the kernel then kills
+    every process in it). Fallback: SIGKILL the program alone (its parent, the launcher's fork, reaps it,
+    reports and exits, so no dead program lingers under the sandbox uid to count against the next run's
+    process limit), unless it has already been reported finished. Then the launcher's process group, if
+    the launcher has not exited within a few seconds. Called before the launcher is reaped, so no id
+    here can have been reused."""
+    ns_init = next((s["pid"] for s in status if "pid" in s), None)
+    program = next((s["program"] for s in status if "program" in s), None)
+    finished = any("isolation" in s for s in status)
+    if proc.poll() is None:
+        target = program if program is not None else ns_init
+        if target is not None and not finished:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -238,8 +249,7 @@ def run_python(code: str, *, limits: SandboxLimits | dict | None = None, stdin: 
                 proc.stdin.close()
             out, err, status, own_limit = _read_bounded(proc, status_r, start + limits.wall_s,
                                                         limits.output_bytes)
-            ns_init = next((s["pid"] for s in status if "pid" in s), None)
-            _kill_tree(proc, ns_init)
+            _kill_tree(proc, status)
             proc.wait()
         finally:
             os.close(status_r)
