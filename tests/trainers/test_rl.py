@@ -8,7 +8,7 @@ from tether.models import apply_lora, build_tiny
 from tether.rollout import SamplingParams
 from tether.trainers.rl import RLTrainer, completion_logprobs
 
-PRESETS = ["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo", "gspo", "cispo", "gmpo", "sapo", "dppo"]
+PRESETS = ["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_paper", "remax", "dapo", "gspo", "cispo", "gmpo", "sapo", "dppo"]
 
 
 def digit_fraction(prompts, completions, **columns):
@@ -63,6 +63,9 @@ def test_presets_set_the_algorithm_and_explicit_keys_win():
     assert config("dr_grpo").loss_agg == "seq-mean-token-sum-norm"
     assert config("dapo").clip.high == 0.28 and config("dapo").dynamic_sampling.enabled
     assert config("rloo").kl.in_reward
+    paper = GRPOConfig(algorithm="reinforce_pp_paper")  # Hu 2025 as written: one response per prompt, k1 KL
+    assert paper.rollout.group_size == 1 and paper.kl.estimator == "k1" and paper.kl.in_reward
+    assert paper.advantage == "reinforce_pp" and GRPOConfig(algorithm="reinforce_pp").kl.estimator == "k2"
     assert config("grpo", kl={"coef": 0.0}).kl.coef == 0.0
     with pytest.raises(ValueError, match="valid names"):
         config(advantage="nope")

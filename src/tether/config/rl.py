@@ -235,6 +235,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Hu 2025: per-token KL in the reward, global batch normalisation.
     "reinforce_pp": {"advantage": "reinforce_pp", "loss_agg": "token-mean",
                      "kl": {"coef": 0.01, "estimator": "k2", "in_reward": True}},
+    # Hu 2025 as written: one response per prompt, k1 KL per token in the reward, global normalisation.
+    "reinforce_pp_paper": {"advantage": "reinforce_pp", "loss_agg": "token-mean", "rollout": {"group_size": 1},
+                           "kl": {"coef": 0.01, "estimator": "k1", "in_reward": True}},
     # Li et al. 2023: a greedy rollout per prompt is the baseline.
     "remax": {"advantage": "remax", "loss_agg": "token-mean", "kl": {"coef": 0.0}},
     # Yu et al. 2025: clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL.
@@ -264,8 +267,8 @@ class GRPOConfig(RLConfig):
     method's settings (explicit keys still win)."""
 
     type: Literal["grpo"] = Field("grpo", description="the stage type")
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "remax", "dapo", "gspo", "cispo",
-                       "gmpo", "sapo", "dppo"] | None = Field(
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_paper", "remax", "dapo",
+                       "gspo", "cispo", "gmpo", "sapo", "dppo"] | None = Field(
         None, description="a preset: the named method's advantage, loss aggregation, KL, clip and shaping")
 
     @model_validator(mode="before")
