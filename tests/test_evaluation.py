@@ -85,7 +85,8 @@ def test_progress_lines_wait_for_the_interval_and_report_the_end():
     lines.began -= 7200
     lines.update(4)  # finished after the interval: one closing line
     assert len(printed) == 1 and printed[0].startswith("x: 4/4 items (100%), ") and printed[0].endswith("0s left")
-    assert (format_duration(65), format_duration(42), format_duration(float("inf"))) == ("1m05s", "42s", "?")
+    assert (format_duration(65), format_duration(42), format_duration(3725), format_duration(float("inf"))) == \
+        ("1m05s", "42s", "1h02m", "?")
 
 
 def test_majority_answer_by_hand():

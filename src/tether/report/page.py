@@ -14,6 +14,7 @@ from typing import Any
 from tether.report.interactive import assets_html, chart_html, init_html
 from tether.report.plots import Plot, safe_name
 from tether.report.read import as_number
+from tether.runtime.progress import format_duration
 
 # Figures without an interval that still answer "what did this stage do" (a task's own rates, an RM's
 # pairwise accuracy, a preference stage's implicit accuracy, a gold reward).
@@ -131,10 +132,10 @@ def facts_html(statuses: dict[str, str], seconds: dict[str, float], facts: dict[
     versions and commit (``run.json``)."""
     stages = list(dict.fromkeys([*statuses, *seconds]))
     rows = "".join(f"<tr><th>{_e(s)}</th><td>{_e(statuses.get(s, ''))}</td>"
-                   f"<td class=\"num\">{_e(_duration(seconds[s]) if s in seconds else '')}</td></tr>" for s in stages)
+                   f"<td class=\"num\">{_e(format_duration(seconds[s]) if s in seconds else '')}</td></tr>" for s in stages)
     total = sum(seconds.values())
     out = ["<table><tr><th>stage</th><th>status</th><th>wall time</th></tr>" + rows +
-           f"<tr><th>all</th><td></td><td class=\"num\">{_e(_duration(total))}</td></tr></table>"]
+           f"<tr><th>all</th><td></td><td class=\"num\">{_e(format_duration(total))}</td></tr></table>"]
     invocations = facts.get("invocations") or []
     if invocations:
         cells = []
@@ -148,12 +149,6 @@ def facts_html(statuses: dict[str, str], seconds: dict[str, float], facts: dict[
     else:
         out.append('<p class="muted">No run.json: this run predates the record of commands and versions.</p>')
     return "\n".join(out)
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def config_html(text: str) -> str:

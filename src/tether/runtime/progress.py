@@ -17,11 +17,12 @@ EVERY_S = 30.0  # seconds between lines unless a caller says otherwise
 
 
 def format_duration(seconds: float) -> str:
-    """``1m05s``, ``42s``, or ``?`` when unknown."""
+    """``1h02m``, ``1m05s``, ``42s`` (whole seconds, rounded), or ``?`` when unknown."""
     if not math.isfinite(seconds):
         return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class ProgressLines:
