@@ -169,9 +169,10 @@ def write_report(run_dir: str | Path) -> Path:
     metrics, results = stage_metrics(rows), read_results(run_dir)
     stages = list(dict.fromkeys([*metrics, *results]))
     plots_dir = _fresh_plots_dir(run_dir)
+    facts = read_run_facts(run_dir)
     body = [_metrics_note(run_dir, rows, bad), "<h2>The answer</h2>", headline_html(results),
             "<h2>The run</h2>", facts_html({s: stage_status(run_dir / s) for s in stages},
-                                           stage_seconds(run_dir, rows), read_run_facts(run_dir)),
+                                           stage_seconds(facts, rows), facts),
             config_html(read_config_text(run_dir)),
             "<details><summary>every held-out figure</summary>", results_html(results), "</details>"]
     body += _stage_sections(run_dir, {"": metrics}, plots_dir, stages)

@@ -135,20 +135,25 @@ def stage_plots(stage: str, runs: dict[str, StageMetrics]) -> tuple[list[Plot], 
     for a single run. Series that never move, and evaluations logged at a single step (their figure is in
     the table), are left out; returns the flat ones (name -> value) for the page to list."""
     flat: dict[str, float] = {}
-    names: dict[str, dict] = {}
+    moving: dict[str, None] = {}  # ordered set: moves in at least one run
     for metrics in runs.values():
         for name, series in metrics.items():
-            if is_flat(series) and (len(series) > 1 or not name.startswith("eval/")):
-                flat.setdefault(name, next(iter(series.values())) if series else math.nan)
-            elif len(series) > 1 or not name.startswith("eval/"):
-                names[name] = {}
-    moving = [n for n in names if n not in flat or any(not is_flat(m.get(n, {})) for m in runs.values())]
+            if len(series) <= 1 and name.startswith("eval/"):
+                continue  # an evaluation logged once: its figure is in the table
+            if is_flat(series):
+                flat.setdefault(name, next(iter(series.values()), math.nan))
+            else:
+                moving[name] = None
     flat = {n: v for n, v in flat.items() if n not in moving}
+
+    def panels_of(names: list[str]) -> dict[str, dict[str, Series]]:
+        return {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in names}
+
     plots = []
-    key = key_curves(moving)
+    key = key_curves(list(moving))
     if key:
         title = f"{stage}: key curves"
-        panels = {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in key}
+        panels = panels_of(key)
         plots.append(Plot(title, f"{safe_name(stage)}-key.png", small_multiples(title, panels), panels))
     rest = {n: {} for n in moving if n not in key}
     for group, members in group_metrics(rest).items():
@@ -158,7 +163,7 @@ def stage_plots(stage: str, runs: dict[str, StageMetrics]) -> tuple[list[Plot], 
             part = f" ({i + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             suffix = f"-{i + 1}" if len(chunks) > 1 else ""
             title = f"{stage}: {group}{part}"
-            panels = {n: {label: m[n] for label, m in runs.items() if m.get(n)} for n in chunk}
+            panels = panels_of(chunk)
             plots.append(Plot(title, f"{safe_name(stage)}-{safe_name(group)}{suffix}.png",
                               small_multiples(title, panels), panels))
     title = f"{stage}: gold and proxy reward against KL"

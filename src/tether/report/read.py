@@ -14,11 +14,9 @@ import yaml
 log = logging.getLogger(__name__)
 
 NOT_METRICS = frozenset({"stage", "step", "time"})
-
 SAMPLES_PER_STEP = 8
 
 Series = dict[float, float]  # step -> value
-
 StageMetrics = dict[str, Series]  # metric name -> series
 
 
@@ -42,12 +40,14 @@ def read_jsonl(path: Path) -> tuple[list[dict], int]:
             bad += 1
     return rows, bad
 
+
 def as_number(value: Any) -> float | None:
     """``value`` as a finite float, or None for NaN / inf / null / strings / booleans."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
 
 def stage_metrics(rows: Iterable[dict]) -> dict[str, StageMetrics]:
     """Numeric series per stage and metric, stages in the order they first logged. A step logged
@@ -64,6 +64,7 @@ def stage_metrics(rows: Iterable[dict]) -> dict[str, StageMetrics]:
                 metrics.setdefault(key, {})[step] = number
     return out
 
+
 def read_results(run_dir: Path) -> dict[str, dict]:
     """``results.json`` (figures keyed by stage), or ``{}`` when missing or unreadable."""
     path = run_dir / "results.json"
@@ -74,6 +75,7 @@ def read_results(run_dir: Path) -> dict[str, dict]:
         return {}
     return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
 
+
 def read_samples(stage_dir: Path) -> list[dict]:
     """Samples of a stage's first and last sampled steps (``write_samples``), to compare the two."""
     rows, _ = read_jsonl(stage_dir / "samples.jsonl")
@@ -83,6 +85,7 @@ def read_samples(stage_dir: Path) -> list[dict]:
     for step in sorted(keep):
         picked += [r for r in rows if r.get("step") == step][:SAMPLES_PER_STEP]
     return picked
+
 
 def run_title(run_dir: Path, config_file: str = "config.yaml") -> tuple[str, str]:
     """Name and description of the recipe from ``config.yaml``, else the folder's name."""
@@ -121,10 +124,10 @@ def stage_status(stage_dir: Path) -> str:
     return f"interrupted at step {steps[-1]}" if steps else "not finished"
 
 
-def stage_seconds(run_dir: Path, rows: list[dict]) -> dict[str, float]:
-    """Wall-clock seconds per stage: from ``run.json`` (summed over invocations), else the span of the
-    stage's ``time`` stamps in ``metrics.jsonl`` (older runs)."""
-    recorded = read_run_facts(run_dir).get("stage_seconds")
+def stage_seconds(facts: dict[str, Any], rows: list[dict]) -> dict[str, float]:
+    """Wall-clock seconds per stage: from ``run.json``'s ``facts`` (summed over invocations), else the span
+    of the stage's ``time`` stamps in ``metrics.jsonl`` (older runs)."""
+    recorded = facts.get("stage_seconds")
     if isinstance(recorded, dict) and recorded:
         return {str(k): float(v) for k, v in recorded.items() if as_number(v) is not None}
     spans: dict[str, list[float]] = {}
