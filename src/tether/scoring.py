@@ -183,6 +183,11 @@ class Scorer:
             return []
         return self([r["prompt"] for r in records], [r["completion"] for r in records], corpus_columns(records))
 
+    @property
+    def pairwise(self) -> bool:
+        """Whether :meth:`score_groups` returns mean win probabilities (a pairwise judge) rather than scores."""
+        return self.rewards is None and isinstance(self.judge, PairwiseJudge)
+
     def score_groups(self, prompts: list[str], questions: list[str], completions: list[str],
                      columns: dict[str, list], k: int) -> tuple[list[float | None], dict[str, float]]:
         """Scores of ``k`` samples per prompt (groups contiguous) and the judge's figures. Reward functions see

@@ -130,3 +130,35 @@ def test_models_without_custom_masks_fall_back_to_plain_packing(model, monkeypat
 def test_bad_first_targets_are_refused(model):
     with pytest.raises(ValueError, match="first_targets"):
         token_logprobs(model, [[1, 2]], first_targets=[0], row_tokens=8, pad_token_id=0)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_sequential_kl_matches_one_forward_per_sequence(shared, always_share):
+    """TDPO's Σ_t KL(π_ref ‖ π) over loss tokens, packed (a pair's prefix shared or not), equals the sum
+    of full-vocabulary KLs from one forward per sequence and per model; gradients reach the policy only."""
+    from tether.data.tokenize import TokenizedExample
+    from tether.models.logprobs import example_sequential_kl
+
+    torch.manual_seed(1)
+    policy, _ = build_tiny()
+    reference, _ = build_tiny(seed=7)
+    reference.eval()
+    prompt = [5, 9, 11, 4]
+    completions = [[7, 8, 3, 2], [7, 6, 2], [12, 13, 14, 2]]
+    examples = [TokenizedExample(prompt + c, [-100] * len(prompt) + c) for c in completions]
+    tok, mask, kl = example_sequential_kl(policy, reference, examples, row_tokens=64, pad_token_id=0,
+                                          groups=[0, 0, 0] if shared else None)
+    naive = []
+    for e in examples:
+        ids = torch.tensor([e.input_ids])
+        pol = torch.log_softmax(policy(input_ids=ids, use_cache=False).logits.float(), -1)[0, len(prompt) - 1:-1]
+        with torch.no_grad():
+            ref = torch.log_softmax(reference(input_ids=ids, use_cache=False).logits.float(), -1)[0, len(prompt) - 1:-1]
+        naive.append((ref.exp() * (ref - pol)).sum())
+    torch.testing.assert_close(kl, torch.stack(naive), rtol=1e-5, atol=1e-5)
+    assert mask.sum(-1).tolist() == [4, 3, 4] and bool((kl > 0).all())
+    kl.sum().backward()
+    assert all(p.grad is None for p in reference.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.parameters())
+    if shared:
+        assert always_share

@@ -56,6 +56,27 @@ def test_iterative_dpo_raises_the_verifier_score_round_over_round(tmp_path):
     assert (tmp_path / "online" / "stage.json").exists()
 
 
+@pytest.mark.parametrize("loss, reference", [("sppo", "round"), ("tdpo", "initial"), ("tdpo", "round")])
+def test_sppo_and_tdpo_online_raise_the_score(tmp_path, loss, reference):
+    """SPPO reads each pair's win probabilities over its prompt's K samples (saved with the pairs); TDPO the
+    sequential KL to the reference (initial, or each round's policy)."""
+    model, tokenizer = build_tiny()
+    cfg = config(loss=loss, reference=reference, beta=0.1)
+    OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction]).fit()
+    scores = rounds_logged(tmp_path, "round/score_mean")
+    assert scores[2] > scores[0] + 0.05, scores
+    saved = [json.loads(line) for line in (tmp_path / "online" / "rounds" / "round-000" / "pairs.jsonl")
+             .read_text().splitlines()]
+    samples = [json.loads(line) for line in (tmp_path / "online" / "rounds" / "round-000" / "samples.jsonl")
+               .read_text().splitlines()]
+    assert all(p["chosen_win_prob"] > p["rejected_win_prob"] for p in saved)
+    first = samples[:4]  # one prompt's K = 4 samples: hard comparisons, self included, average 1/2
+    assert sum(s["win_prob"] for s in first) / 4 == pytest.approx(0.5)
+    key = "win_prob/chosen" if loss == "sppo" else "seq_kl/rejected"
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r[key] for r in logged if key in r], key
+
+
 def test_an_online_stage_evaluated_before_reports_its_paired_gain(tmp_path):
     cfg = config(rounds=1, steps_per_round=2, eval={"n": 8, "max_new_tokens": 6, "before": True})
     model, tokenizer = build_tiny()

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tether.core.preference import PREFERENCE_LOSSES
+from tether.core.preference_losses import PREFERENCE_LOSSES
 from tether.data import DataError
 from tether.models import build_tiny
 from tether.stages.api import train_dpo
@@ -58,14 +58,30 @@ def test_implicit_reward_margin_rises(tmp_path, loss):
         assert logged(tmp_path, "run", "kl")
 
 
+def records_for(loss, records=PAIRS):
+    """The pairs with what the loss reads beyond them: SPPO's win probabilities."""
+    if "win_probabilities" in PREFERENCE_LOSSES.needs(loss):
+        return [{**r, "chosen_win_prob": 0.75, "rejected_win_prob": 0.25} for r in records]
+    return records
+
+
 @pytest.mark.parametrize("loss", PREFERENCE_LOSSES.names())
 def test_every_paired_loss_raises_the_margin(tmp_path, loss):
-    trainer = make_trainer(tmp_path, loss=loss, max_steps=6, batch_size=16)
+    records = records_for(loss)
+    trainer = make_trainer(tmp_path, loss=loss, max_steps=6, batch_size=16, records=records, eval_records=records)
     from tether.config.preference import REFERENCE_FREE
 
     before = trainer.preference_figures() if loss in REFERENCE_FREE else {"implicit_margin": 0.0}
     after = trainer.train()
     assert after["implicit_margin"] > before["implicit_margin"], (loss, before, after)
+
+
+def test_sppo_without_win_probabilities_is_a_one_line_error(tmp_path):
+    with pytest.raises(DataError, match="chosen_win_prob"):
+        make_trainer(tmp_path, loss="sppo")
+    bad = [{**PAIRS[0], "chosen_win_prob": 1.5, "rejected_win_prob": 0.0}]
+    with pytest.raises(DataError, match="outside"):
+        make_trainer(tmp_path, loss="sppo", records=bad)
 
 
 def test_mixed_losses_and_wpo(tmp_path):

@@ -15,12 +15,12 @@ from tether.config.common import StageConfig, TaskSource
 from tether.config.data import PairDataConfig, PreferenceDataConfig, PreferenceTaskSource, PromptDataConfig
 from tether.config.rewards import PairConfig, RewardSpec, ScorerConfig
 from tether.config.sampling import SamplingConfig
-from tether.core.preference import PREFERENCE_LOSSES, UNPAIRED_LOSSES, PreferenceInputs, mixed_preference_loss
+from tether.core.preference_losses import PREFERENCE_LOSSES, UNPAIRED_LOSSES, PreferenceInputs, mixed_preference_loss
 from tether.core.reward import STEP_AGGREGATIONS
 
 REFERENCE_FREE = frozenset({"simpo", "orpo", "slic"})
 HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "nll_norm", "simpo_gamma", "length_normalize",
-           "desirable_weight", "undesirable_weight", "slic_delta", "slic_lambda")
+           "desirable_weight", "undesirable_weight", "slic_delta", "slic_lambda", "tdpo_alpha")
 
 
 class RewardModelConfig(StageConfig):
@@ -70,6 +70,8 @@ class PreferenceLossConfig(StrictModel):
     slic_delta: float | None = Field(None, ge=0, description="slic: the calibration margin delta on summed "
                                                               "log-likelihoods")
     slic_lambda: float | None = Field(None, ge=0, description="slic: weight of the chosen sequence NLL")
+    tdpo_alpha: float | None = Field(None, ge=0, description="tdpo (TDPO2): weight of the sequential-KL "
+                                                              "correction")
     length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
     desirable_weight: float | None = Field(None, gt=0, description="kto")
     undesirable_weight: float | None = Field(None, gt=0, description="kto")
@@ -86,6 +88,12 @@ class PreferenceLossConfig(StrictModel):
     @property
     def needs_reference(self) -> bool:
         return not all(name in REFERENCE_FREE for name in self.loss_names)
+
+    @property
+    def loss_needs(self) -> frozenset[str]:
+        """What the selected losses read beyond summed log-probs (``PREFERENCE_LOSSES.needs``): SPPO's
+        ``win_probabilities``, TDPO's ``sequential_kl``, Step-DPO's ``step_pairs``."""
+        return frozenset().union(*(PREFERENCE_LOSSES.needs(n) for n in self.loss_names if n != "kto"))
 
     def _functions(self) -> list[Callable]:
         return [UNPAIRED_LOSSES.get(n) if n == "kto" else PREFERENCE_LOSSES.get(n) for n in self.loss_names]

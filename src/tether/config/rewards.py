@@ -135,6 +135,8 @@ class PairConfig(StrictModel):
     margin: float = Field(0.0, ge=0, description="smallest score gap that makes a pair")
     threshold: float | None = Field(None, description="threshold rule: good at or above it")
     max_per_prompt: int | None = Field(None, ge=1, description="pairs kept per prompt at most (largest gaps)")
+    win_temperature: float | None = Field(None, gt=0, description="SPPO's win probabilities from scalar scores: "
+                                                                   "sigmoid(gap / this); unset: win 1, tie 1/2, loss 0")
 
     @field_validator("rule")
     @classmethod

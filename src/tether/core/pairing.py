@@ -83,3 +83,34 @@ def pairwise_scores(k: int, verdicts: dict[Pair, float | None]) -> list[float | 
         games[i] += 1
         games[j] += 1
     return [wins[i] / games[i] if games[i] else None for i in range(k)]
+
+
+def win_probabilities(scores: Sequence[float | None], *, temperature: float | None = None,
+                      pairwise: bool = False) -> list[float | None]:
+    """Each sample's estimated probability of beating the policy, over the K samples of one prompt.
+
+    SPPO (Wu et al. 2024), Eq. 3.10: ``P̂(y_i ≻ π) = 1/K Σ_k P(y_i ≻ y_k)``, the sum over all K samples
+    including ``y_i`` itself (``P(y_i ≻ y_i) = 1/2``). From scalar scores ``s`` (a verifier, a reward
+    model): ``P(y_i ≻ y_k) = σ((s_i - s_k) / temperature)`` (Bradley-Terry), or with ``temperature``
+    None the hard comparison 1 / 1/2 / 0 (win / tie / loss). With ``pairwise`` the scores already are
+    each sample's mean win probability against the other K - 1 (a pairwise judge's
+    :func:`pairwise_scores`), so ``P̂ = ((K - 1) s + 1/2) / K``. Missing scores take part in nothing
+    and get None; K counts the present samples.
+    """
+    if temperature is not None and temperature <= 0:
+        raise ValueError(f"win probability temperature must be > 0, got {temperature}")
+    present = _present(scores)
+    k = len(present)
+    out: list[float | None] = [None] * len(scores)
+    for i, s_i in present:
+        if pairwise:
+            out[i] = ((k - 1) * s_i + 0.5) / k
+            continue
+        total = 0.0
+        for _, s_j in present:
+            if temperature is not None:
+                total += 1.0 / (1.0 + math.exp(-(s_i - s_j) / temperature))
+            else:
+                total += 1.0 if s_i > s_j else 0.5 if s_i == s_j else 0.0
+        out[i] = total / k
+    return out

@@ -42,6 +42,10 @@ class PreferenceInputs:
     rejected_lengths: Tensor | None = None  # shape (B,)
     chosen_nll: Tensor | None = None  # shape (B,), mean per-token NLL of chosen under the policy (RPO, ORPO)
     weights: Tensor | None = None  # shape (B,), per-pair weights (WPO), applied as a weighted mean
+    chosen_win_prob: Tensor | None = None  # shape (B,), P(y_c ≻ π_t) estimated over K samples (SPPO)
+    rejected_win_prob: Tensor | None = None  # shape (B,)
+    chosen_seq_kl: Tensor | None = None  # shape (B,), Σ_t KL(π_ref(·|x,y<t) ‖ π(·|x,y<t)) over y_c (TDPO)
+    rejected_seq_kl: Tensor | None = None  # shape (B,)
 
 
 def _require(inputs: PreferenceInputs, loss: str, *fields: str) -> None:
@@ -304,6 +308,26 @@ def sppo_hard_loss(inputs: PreferenceInputs, *, beta: float = 0.1) -> tuple[Tens
     lr_c, lr_r, _, metrics = _ref_based(inputs, "sppo_hard", beta)
     target = 1 / (2 * beta)
     per_pair = (lr_c - target) ** 2 + (lr_r + target) ** 2
+    return _batch_mean(per_pair, inputs.weights), metrics
+
+
+@PREFERENCE_LOSSES.register("sppo", needs=("win_probabilities",))
+def sppo_loss(inputs: PreferenceInputs, *, beta: float = 0.1) -> tuple[Tensor, Metrics]:
+    """SPPO with soft win probabilities: each log-ratio regressed onto η (P(y ≻ π_t) - 1/2).
+
+    Wu et al. 2024, "Self-Play Preference Optimization for Language Model Alignment", Eq. 4.7 with the
+    estimate of Eq. 3.10: ``l = (log π(y_c)/π_t(y_c) - η (P̂_c - 1/2))² + (log π(y_r)/π_t(y_r) - η (P̂_r - 1/2))²``,
+    η = 1/β, where ``P̂(y) = 1/K Σ_k P(y ≻ y_k)`` is the win probability of ``y`` against the K samples
+    of its prompt (``chosen_win_prob`` / ``rejected_win_prob``: a record's columns, or the online
+    trainer's estimate, :func:`tether.core.pairing.win_probabilities`). With P̂_c = 1 and P̂_r = 0 it is
+    ``sppo_hard``. The reference is the previous iterate π_t (``reference: round`` online).
+    """
+    _require(inputs, "sppo", "chosen_win_prob", "rejected_win_prob")
+    lr_c, lr_r, _, metrics = _ref_based(inputs, "sppo", beta)
+    eta = 1 / beta
+    per_pair = (lr_c - eta * (inputs.chosen_win_prob - 0.5)) ** 2 + (lr_r - eta * (inputs.rejected_win_prob - 0.5)) ** 2
+    metrics["win_prob/chosen"] = inputs.chosen_win_prob.detach().float().mean()
+    metrics["win_prob/rejected"] = inputs.rejected_win_prob.detach().float().mean()
     return _batch_mean(per_pair, inputs.weights), metrics
 
 

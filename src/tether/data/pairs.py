@@ -134,11 +134,28 @@ def pair_data(data: PairDataConfig, *, kind: str, format: str | None, unpaired: 
 
 @dataclass
 class PairExample:
-    """A tokenised preference pair; ``margin`` is the record's optional required reward gap."""
+    """A tokenised preference pair; ``margin`` is the record's optional required reward gap, ``win_probs``
+    its optional ``(chosen_win_prob, rejected_win_prob)``: each completion's probability of beating the
+    policy that sampled it (SPPO)."""
 
     chosen: TokenizedExample
     rejected: TokenizedExample
     margin: float | None = None
+    win_probs: tuple[float, float] | None = None
+
+
+def _number(record: dict, field: str, row: int, low: float | None = None, high: float | None = None) -> float | None:
+    value = record.get(field)
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"record {row}, field {field!r}: expected a number, got {value!r}", row=row,
+                        field=field) from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise DataError(f"record {row}, field {field!r}: {value} is outside [{low}, {high}]", row=row, field=field)
+    return value
 
 
 def _completion_example(prompt: Any, completion: Any, record: dict, tokenizer: Any, max_length: int,
@@ -166,14 +183,12 @@ def tokenize_pairs(records: Sequence[dict], tokenizer: Any, *, max_length: int, 
         if chosen.input_ids == rejected.input_ids:
             stats["identical"] += 1
             continue
-        margin = record.get("margin")
-        if margin is not None:
-            try:
-                margin = float(margin)
-            except (TypeError, ValueError):
-                raise DataError(f"record {i + 1}, field 'margin': expected a number, got {margin!r}",
-                                row=i + 1, field="margin") from None
-        pairs.append(PairExample(chosen, rejected, margin))
+        margin = _number(record, "margin", i + 1)
+        wins = [_number(record, f"{side}_win_prob", i + 1, 0.0, 1.0) for side in ("chosen", "rejected")]
+        if (wins[0] is None) != (wins[1] is None):
+            raise DataError(f"record {i + 1}: chosen_win_prob and rejected_win_prob come together; one is missing",
+                            row=i + 1)
+        pairs.append(PairExample(chosen, rejected, margin, None if wins[0] is None else (wins[0], wins[1])))
     return pairs, stats
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from tether.core.logprobs import entropy_from_logits, selective_log_softmax, sequence_logprobs
 from tether.core.preference import PreferenceInputs, wpo_weights
+from tether.core.token_preference import position_kl
 from tether.data.packing import pack_sequences
 from tether.data.pairs import PairExample
 from tether.data.prefix_sharing import (
@@ -35,21 +37,52 @@ from tether.data.tokenize import TokenizedExample
 from tether.models.reward_model import layout_sequences
 
 
-def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
-                            first_targets: Sequence[int], groups: Sequence[int] | None = None,
-                            temperature: float = 1.0, row_tokens: int, pad_token_id: int,
-                            with_entropy: bool = False, entropy_grad: bool = False, only_if_cheaper: bool = False
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
+@dataclass
+class ScoredForward:
+    """One packed forward pass and where each scored token sits in it: ``logits`` (rows, width, V); the
+    flat logits position predicting each scored token (``keys``) and the token (``targets``), both in the
+    order of ``valid`` (N, W)'s True entries; ``primary``: the token is that position's own label (False
+    where a shared prefix position predicts two tokens, at a branch point)."""
 
-    Returns ``(logps, valid, entropy)``, each (N, W) with W the most scored tokens of any sequence:
-    ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
-    ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
-    from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
-    ``groups`` id share their common prefix when the model takes custom masks (and, with
-    ``only_if_cheaper``, when :func:`sharing_pays`); otherwise (or with ``groups=None``) they are
-    packed side by side.
-    """
+    logits: torch.Tensor
+    keys: torch.Tensor
+    targets: torch.Tensor
+    valid: torch.Tensor
+    primary: torch.Tensor
+
+    def logprobs(self, temperature: float = 1.0) -> torch.Tensor:
+        """``log π(x_t | x_<t)`` at every scored token, (N, W), 0 where not ``valid``."""
+        logits, keys, targets = self.logits, self.keys, self.targets
+        labels = torch.full((logits.shape[0] * logits.shape[1],), -100, dtype=torch.long, device=logits.device)
+        labels[keys] = targets
+        values = selective_log_softmax(logits, labels.view(logits.shape[:2]), temperature=temperature).view(-1)[keys]
+        if not bool(self.primary.all()):  # the other tokens of a branch point, from a gathered copy of their rows
+            extra = (~self.primary).nonzero().squeeze(-1)
+            flat_logits = logits.reshape(-1, logits.shape[-1])
+            scored = selective_log_softmax(flat_logits[keys[extra]], targets[extra], temperature=temperature)
+            values = torch.where(self.primary, values, torch.zeros_like(values).index_put((extra,), scored))
+        return self.scatter(values)
+
+    def entropy(self, temperature: float = 1.0, *, grad: bool = False) -> torch.Tensor:
+        """The entropy of the distribution each scored token was drawn from, (N, W)."""
+        with nullcontext() if grad else torch.no_grad():
+            ent = entropy_from_logits(self.logits, temperature=temperature).view(-1)[self.keys]
+            return self.scatter(ent)
+
+    def log_distributions(self) -> torch.Tensor:
+        """``log π(· | x_<t)`` over the vocabulary at every scored token, (number scored, V), float32."""
+        return torch.log_softmax(self.logits.reshape(-1, self.logits.shape[-1])[self.keys].float(), dim=-1)
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """Values in scored-token order laid out as (N, W), 0 where not ``valid``."""
+        return torch.zeros(self.valid.shape, dtype=values.dtype, device=values.device).masked_scatter(self.valid, values)
+
+
+def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *, first_targets: Sequence[int],
+                   groups: Sequence[int] | None = None, row_tokens: int, pad_token_id: int,
+                   only_if_cheaper: bool = False) -> ScoredForward:
+    """Each sequence's tokens from ``first_targets[i]`` on, scored by one packed forward of ``model``
+    (see :func:`token_logprobs`)."""
     device = next(model.parameters()).device
     lengths = torch.tensor([len(s) for s in sequences])
     first = torch.as_tensor(list(first_targets), dtype=torch.long)
@@ -75,29 +108,34 @@ def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     padded = torch.full(columns.shape, pad_token_id, dtype=torch.long)
     for i, s in enumerate(sequences):
         padded[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    targets = padded.gather(1, targets_at)[valid]
+    targets = padded.gather(1, targets_at)[valid].to(device)
     predicted_at = columns.gather(1, targets_at - 1)[valid]
     keys = (rows[:, None].expand_as(valid)[valid] * width_in + predicted_at).to(device)
-    targets = targets.to(device)
-    # One label per logits position; where a shared position predicts two tokens (a branch point),
-    # the other tokens are scored from a gathered copy of just those rows.
+    # one label per logits position: the first token a position predicts is its primary one
     labels = torch.full((logits.shape[0] * width_in,), -100, dtype=torch.long, device=device)
     labels[keys] = targets
-    primary = labels[keys] == targets
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    values = selective_log_softmax(logits, labels.view(logits.shape[:2]), temperature=temperature).view(-1)[keys]
-    if not bool(primary.all()):
-        extra = (~primary).nonzero().squeeze(-1)
-        scored = selective_log_softmax(flat_logits[keys[extra]], targets[extra], temperature=temperature)
-        values = torch.where(primary, values, torch.zeros_like(values).index_put((extra,), scored))
-    valid = valid.to(device)
-    logps = torch.zeros(valid.shape, dtype=values.dtype, device=device).masked_scatter(valid, values)
-    entropy = None
-    if with_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            ent = entropy_from_logits(logits, temperature=temperature).view(-1)[keys]
-            entropy = torch.zeros(valid.shape, dtype=ent.dtype, device=device).masked_scatter(valid, ent)
-    return logps, valid, entropy
+    return ScoredForward(logits, keys, targets, valid.to(device), labels[keys] == targets)
+
+
+def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
+                            first_targets: Sequence[int], groups: Sequence[int] | None = None,
+                            temperature: float = 1.0, row_tokens: int, pad_token_id: int,
+                            with_entropy: bool = False, entropy_grad: bool = False, only_if_cheaper: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
+
+    Returns ``(logps, valid, entropy)``, each (N, W) with W the most scored tokens of any sequence:
+    ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
+    ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
+    from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
+    ``groups`` id share their common prefix when the model takes custom masks (and, with
+    ``only_if_cheaper``, when :func:`sharing_pays`); otherwise (or with ``groups=None``) they are
+    packed side by side.
+    """
+    scored = scored_forward(model, sequences, first_targets=first_targets, groups=groups, row_tokens=row_tokens,
+                            pad_token_id=pad_token_id, only_if_cheaper=only_if_cheaper)
+    entropy = scored.entropy(temperature, grad=entropy_grad) if with_entropy else None
+    return scored.logprobs(temperature), scored.valid, entropy
 
 
 def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
@@ -133,15 +171,43 @@ def example_logprobs(model: torch.nn.Module, examples: Sequence[TokenizedExample
     """
     if not packing:
         return _padded_example_logprobs(model, examples, pad_token_id=pad_token_id)
-    first = [next((t for t, label in enumerate(e.labels) if t > 0 and label != -100), len(e)) for e in examples]
+    first = _first_loss_tokens(examples)
     logps, valid, _ = token_logprobs(model, [e.input_ids for e in examples], first_targets=first,
                                               groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id,
                                               only_if_cheaper=only_if_cheaper)
+    mask = _loss_mask(examples, first, valid)
+    return torch.where(mask, logps, 0.0), mask
+
+
+def _first_loss_tokens(examples: Sequence[TokenizedExample]) -> list[int]:
+    return [next((t for t, label in enumerate(e.labels) if t > 0 and label != -100), len(e)) for e in examples]
+
+
+def _loss_mask(examples: Sequence[TokenizedExample], first: list[int], valid: torch.Tensor) -> torch.Tensor:
     scored = torch.zeros(valid.shape, dtype=torch.bool)
     for i, (e, f) in enumerate(zip(examples, first, strict=True)):
         scored[i, : len(e) - f] = torch.tensor(e.labels[f:], dtype=torch.long) != -100
-    mask = scored.to(valid.device) & valid
-    return torch.where(mask, logps, 0.0), mask
+    return scored.to(valid.device) & valid
+
+
+def example_sequential_kl(model: torch.nn.Module, reference_model: torch.nn.Module,
+                          examples: Sequence[TokenizedExample], *, row_tokens: int, pad_token_id: int,
+                          groups: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`example_logprobs` under ``model`` and each example's sequential KL to ``reference_model``:
+    ``Σ_t KL(π_ref(·|x, y<t) ‖ π(·|x, y<t))`` over its loss tokens (TDPO; :func:`~tether.core.token_preference.position_kl`),
+    shape (N,), differentiable in ``model``. Both models see the same packed layout; the reference's
+    forward runs without gradients. Packed layouts only (``data.packing: true``)."""
+    first = _first_loss_tokens(examples)
+    kwargs = {"first_targets": first, "groups": groups, "row_tokens": row_tokens, "pad_token_id": pad_token_id}
+    policy = scored_forward(model, [e.input_ids for e in examples], **kwargs)
+    with torch.no_grad():
+        reference = scored_forward(reference_model, [e.input_ids for e in examples], **kwargs)
+    if not torch.equal(policy.keys, reference.keys):
+        raise ValueError("the policy and the reference model laid the sequences out differently (prefix sharing on "
+                         "one only); use models of the same architecture")
+    mask = _loss_mask(examples, first, policy.valid)
+    kl = policy.scatter(position_kl(reference.log_distributions(), policy.log_distributions()))
+    return torch.where(mask, policy.logprobs(), 0.0), mask, (kl * mask).sum(-1)
 
 
 def _padded_example_logprobs(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, pad_token_id: int
@@ -161,18 +227,35 @@ def _padded_example_logprobs(model: torch.nn.Module, examples: Sequence[Tokenize
 
 def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
                 ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
-                packing: bool = True, prefix_sharing: bool | str = True) -> PreferenceInputs:
+                packing: bool = True, prefix_sharing: bool | str = True,
+                reference_model: torch.nn.Module | None = None) -> PreferenceInputs:
     """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
     a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
-    (shape (B,) each, or None), lengths and, with ``wpo``, WPO weights."""
+    (shape (B,) each, or None), lengths, the records' win probabilities when every pair has them, and,
+    with ``wpo``, WPO weights; with ``reference_model``, each completion's sequential KL to it (TDPO)."""
     b = len(pairs)
-    tok, mask = pair_logprobs(model, pairs, row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing,
-                                 prefix_sharing=prefix_sharing)
+    seq_kl = None
+    if reference_model is None:
+        tok, mask = pair_logprobs(model, pairs, row_tokens=row_tokens, pad_token_id=pad_token_id, packing=packing,
+                                  prefix_sharing=prefix_sharing)
+    else:
+        if not packing:
+            raise ValueError("the sequential KL (tdpo) is computed on packed rows: set data.packing: true")
+        groups = list(range(b)) * 2 if prefix_sharing else None
+        tok, mask, seq_kl = example_sequential_kl(model, reference_model, [p.chosen for p in pairs]
+                                                  + [p.rejected for p in pairs], row_tokens=row_tokens,
+                                                  pad_token_id=pad_token_id, groups=groups)
     logps = sequence_logprobs(tok, mask, average=False)
     lengths = mask.sum(-1).float()
     weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if wpo else None
+    wins = None
+    if pairs and all(p.win_probs is not None for p in pairs):
+        wins = torch.tensor([p.win_probs for p in pairs], dtype=logps.dtype, device=logps.device)
     return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
-                            weights=weights)
+                            weights=weights, chosen_win_prob=None if wins is None else wins[:, 0],
+                            rejected_win_prob=None if wins is None else wins[:, 1],
+                            chosen_seq_kl=None if seq_kl is None else seq_kl[:b],
+                            rejected_seq_kl=None if seq_kl is None else seq_kl[b:])
 
 
 def pair_logprobs(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from tether.config.preference import OnlineDPOConfig
-from tether.core.pairing import make_pairs
+from tether.core.pairing import make_pairs, win_probabilities
 from tether.core.rollout_correction import mismatch_metrics
 from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, write_jsonl_atomic
 from tether.data.pairs import tokenize_pairs
@@ -85,6 +85,9 @@ class OnlinePreferenceTrainer(Trainer):
         self.loss = cfg.paired_loss()
         self.beta = cfg.implicit_beta
         self.ref_model = self._reference_model()
+        if "sequential_kl" in cfg.loss_needs and self.ref_model is None and cfg.reference == "initial":
+            raise ValueError(f"loss {cfg.loss!r} needs the reference's full distributions; under LoRA use a full "
+                             "fine-tune or reference: round")
         self.round = -1
         self.pairs: list = []
         self.ref: dict[str, torch.Tensor] | None = None
@@ -100,7 +103,7 @@ class OnlinePreferenceTrainer(Trainer):
         (the round's reference log-probs come from the policy itself at the round's start)."""
         cfg = self.config
         if not cfg.needs_reference or cfg.reference == "round" or hasattr(self.model, "disable_adapter"):
-            return None
+            return None  # (with reference: round a loss that reads the sequential KL copies it each round)
         return frozen_copy(self.model)
 
     def extra_state(self) -> dict[str, Any]:
@@ -159,6 +162,10 @@ class OnlinePreferenceTrainer(Trainer):
         pairs = []
         for g, index in enumerate(indices):
             group = samples[g * k:(g + 1) * k]
+            wins = win_probabilities([s["score"] for s in group], temperature=cfg.pairs.win_temperature,
+                                     pairwise=self.scorer.pairwise)
+            for sample, win in zip(group, wins, strict=True):
+                sample["win_prob"] = win
             for i, j in make_pairs([s["score"] for s in group], cfg.pairs.rule, margin=cfg.pairs.margin,
                                    threshold=cfg.pairs.threshold, max_pairs=cfg.pairs.max_per_prompt):
                 pairs.append(self._pair_row(index, group[i], group[j]))
@@ -203,7 +210,8 @@ class OnlinePreferenceTrainer(Trainer):
             prompt = [{"role": "user", "content": prompt}]
             good, bad = [{"role": "assistant", "content": good}], [{"role": "assistant", "content": bad}]
         row = {"prompt_id": index, "prompt": prompt, "chosen": good, "rejected": bad,
-               "chosen_score": chosen["score"], "rejected_score": rejected["score"]}
+               "chosen_score": chosen["score"], "rejected_score": rejected["score"],
+               "chosen_win_prob": chosen["win_prob"], "rejected_win_prob": rejected["win_prob"]}
         if "audit" in chosen:
             row.update(chosen_audit=chosen["audit"], rejected_audit=rejected["audit"])
         return row
@@ -270,14 +278,18 @@ class OnlinePreferenceTrainer(Trainer):
 
     def _inputs(self, model: torch.nn.Module, pairs: list, ref_c: torch.Tensor | None, ref_r: torch.Tensor | None,
                 *, wpo: bool) -> Any:
+        needs_kl = "sequential_kl" in self.config.loss_needs and model is self.model
         return preference_inputs(model, pairs, ref_c, ref_r, wpo=wpo, row_tokens=self.config.pack_length,
-                           pad_token_id=self.tokenizer.pad_token_id)
+                                 pad_token_id=self.tokenizer.pad_token_id,
+                                 reference_model=self.ref_model if needs_kl else None)
 
     def start_round(self, r: int) -> None:
         cfg = self.config
         records, figures = self.load_or_collect(r)
         self.pairs, stats = tokenize_pairs(records, self.tokenizer, max_length=cfg.max_length)
         self.round = r
+        if "sequential_kl" in cfg.loss_needs and cfg.reference == "round":
+            self.ref_model = frozen_copy(self.model)
         self.ref = self.reference_logprobs(r)
         n, size = len(self.pairs), cfg.train.batch_size
         if n >= size * cfg.train.grad_accum * self.dist.world_size:

@@ -2,8 +2,8 @@
 
 One step reads: micro-batches of pairs -> chosen and rejected through the policy in one
 padding-free packed forward pass -> summed completion log-probs -> a ``PREFERENCE_LOSSES`` entry
-(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | sppo_hard``, or a dict of
-weights for ``mixed_preference_loss``) against cached reference log-probs -> one update.
+(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | slic | sppo_hard | sppo | tdpo | ...``,
+or a dict of weights for ``mixed_preference_loss``) against cached reference log-probs -> one update.
 ``loss: kto`` uses ``UNPAIRED_LOSSES["kto"]`` on ``{prompt, completion, label}`` records.
 
 How it departs from a textbook DPO loop:
@@ -11,7 +11,8 @@ How it departs from a textbook DPO loop:
 - Reference log-probs are computed once, before the first update, by the policy itself (its
   initial weights, in eval mode, without gradients) and cached with the dataset (and in
   ``<stage>/reference_logps.pt`` for resume); no reference model is held during training.
-  SimPO and ORPO are reference-free and compute none.
+  SimPO and ORPO are reference-free and compute none. TDPO's sequential KL needs the reference's full
+  distributions, which are not cached: a frozen copy of the initial weights runs on each micro-batch.
 - KTO's KL baseline uses mismatched pairs inside each micro-batch (completion j with the prompt
   of example j+1, as TRL). To cache their reference log-probs, KTO micro-batches keep a fixed
   composition across epochs (only their order is reshuffled); paired losses reshuffle freely.
@@ -48,6 +49,7 @@ from tether.data.pairs import (
 )
 from tether.data.schedule import BatchSchedule, chunks
 from tether.evaluation import Figures, with_intervals
+from tether.models.loading import frozen_copy
 from tether.models.logprobs import example_logprobs, pair_logprobs, preference_inputs
 from tether.tasks.preferences import split_pairs
 from tether.trainers.loop import Trainer
@@ -78,6 +80,10 @@ class PreferenceTrainer(Trainer):
         else:
             self.examples, stats = tokenize_pairs(records, tokenizer, max_length=cfg.data.max_length,
                                                   overflow=cfg.data.overflow)
+        if "win_probabilities" in cfg.loss_needs and any(p.win_probs is None for p in self.examples):
+            raise DataError(f"stage {self.stage!r}: loss {cfg.loss!r} needs each pair's chosen_win_prob and "
+                            "rejected_win_prob (SPPO's win probabilities over K samples); add them to the records, "
+                            "or train it online (online_dpo), which estimates them")
         self.eval_pairs: list[PairExample] = []
         self.eval_unpaired: list[UnpairedExample] = []
         if eval_records:
@@ -104,6 +110,9 @@ class PreferenceTrainer(Trainer):
         self.loss = cfg.paired_loss() if not cfg.unpaired else None
         self.beta = cfg.implicit_beta
         self.ref: dict[str, torch.Tensor] | None = None
+        # TDPO's sequential KL needs the reference's whole distributions: a frozen copy of the initial
+        # weights, taken before a resume loads later ones
+        self.reference_model = frozen_copy(model) if "sequential_kl" in cfg.loss_needs else None
         if cfg.ignored_hparams():
             log.warning("%s: %s not used by loss %r; ignored", self.stage, ", ".join(cfg.ignored_hparams()), cfg.loss)
         dropped_now = {k: v for k, v in self.data_stats.items() if v}
@@ -248,7 +257,8 @@ class PreferenceTrainer(Trainer):
         data = self.config.data
         return preference_inputs(self.model, pairs, ref_chosen, ref_rejected, wpo=self.config.wpo,
                            row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
-                           packing=data.packing, prefix_sharing=data.prefix_sharing)
+                           packing=data.packing, prefix_sharing=data.prefix_sharing,
+                           reference_model=self.reference_model)
 
     def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
         device = self.device

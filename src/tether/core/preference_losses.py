@@ -1,0 +1,16 @@
+"""Every registered preference loss in one import: ``PREFERENCE_LOSSES`` filled with the sequence-level
+DPO family (preference.py) and the token-level losses (token_preference.py). Configs and trainers import
+the registry from here."""
+
+from __future__ import annotations
+
+from tether.core import token_preference  # noqa: F401 (register)
+from tether.core.preference import (
+    PREFERENCE_LOSSES,
+    UNPAIRED_LOSSES,
+    PreferenceInputs,
+    mixed_preference_loss,
+    wpo_weights,
+)
+
+__all__ = ["PREFERENCE_LOSSES", "UNPAIRED_LOSSES", "PreferenceInputs", "mixed_preference_loss", "wpo_weights"]
