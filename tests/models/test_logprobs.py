@@ -155,6 +155,9 @@ def test_sequential_kl_matches_one_forward_per_sequence(shared, always_share):
         with torch.no_grad():
             ref = torch.log_softmax(reference(input_ids=ids, use_cache=False).logits.float(), -1)[0, len(prompt) - 1:-1]
         naive.append((ref.exp() * (ref - pol)).sum())
+        target = torch.tensor(e.input_ids[len(prompt):])
+        row = examples.index(e)
+        torch.testing.assert_close(tok[row, : len(target)], pol.gather(-1, target[:, None])[:, 0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kl, torch.stack(naive), rtol=1e-5, atol=1e-5)
     assert mask.sum(-1).tolist() == [4, 3, 4] and bool((kl > 0).all())
     kl.sum().backward()

@@ -15,7 +15,12 @@ from tether.config.common import StageConfig, TaskSource
 from tether.config.data import PairDataConfig, PreferenceDataConfig, PreferenceTaskSource, PromptDataConfig
 from tether.config.rewards import PairConfig, RewardSpec, ScorerConfig
 from tether.config.sampling import SamplingConfig
-from tether.core.preference_losses import PREFERENCE_LOSSES, UNPAIRED_LOSSES, PreferenceInputs, mixed_preference_loss
+from tether.core.preference_losses import (
+    PREFERENCE_LOSSES,
+    UNPAIRED_LOSSES,
+    PreferenceInputs,
+    mixed_preference_loss,
+)
 from tether.core.reward import STEP_AGGREGATIONS
 
 REFERENCE_FREE = frozenset({"simpo", "orpo", "slic"})

@@ -10,11 +10,17 @@ summed log-probs).
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tether.core.preference import PREFERENCE_LOSSES, Metrics, PreferenceInputs, _batch_mean, _ref_based, _require
+from tether.core.preference import (
+    PREFERENCE_LOSSES,
+    Metrics,
+    PreferenceInputs,
+    _batch_mean,
+    _ref_based,
+    _require,
+)
 
 
 def position_kl(ref_log_probs: Tensor, log_probs: Tensor) -> Tensor:
