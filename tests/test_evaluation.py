@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tether.core.statistics import paired_bootstrap_interval, wilson_interval
 from tether.evaluation import Figures, paired_gains, pass_at_k, with_intervals
@@ -110,3 +111,73 @@ def test_pass_and_majority_at_k_come_with_their_intervals():
         assert 0 <= figures[f"{name}_ci95_low"] <= figures[name] <= figures[f"{name}_ci95_high"] <= 1
         assert len(figures.outcomes[name]) == 8
     assert figures["maj@3"] <= figures["pass@3"]  # the majority is one of the k: it can only pass if one does
+
+
+def test_perplexity_of_held_out_texts_matches_a_plain_forward_pass():
+    """Completion tokens + EOS of a prompt/completion record and every token but BOS of a text record, pooled
+    over tokens: the same figure as one unpacked forward per sequence with the loss summed by hand."""
+    import math
+
+    import torch.nn.functional as F
+
+    from tether.core.likelihood_metrics import perplexity
+    from tether.data import tokenize_sft, tokenize_text
+    from tether.evaluation import text_likelihoods
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    model.eval()
+    texts = [{"prompt": "12+3=", "completion": "15"}, {"text": "7*8=56"}, {"prompt": "9-4=", "completion": "5"}]
+    got = text_likelihoods(model, tokenizer, texts, batch_size=2)
+    nll, tokens = 0.0, 0
+    for example in [tokenize_sft(texts[0], tokenizer, max_length=64), *tokenize_text(texts[1], tokenizer, max_length=64),
+                    tokenize_sft(texts[2], tokenizer, max_length=64)]:
+        logits = model(torch.tensor([example.input_ids])).logits[0, :-1]
+        labels = torch.tensor(example.labels[1:])
+        nll += F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum").item()
+        tokens += int((labels != -100).sum())
+    assert int(got.tokens.sum()) == tokens
+    assert float(perplexity(-got.logprob, got.tokens)) == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+
+
+def test_sampled_likelihoods_are_the_samplers_own_log_probs_at_temperature_one():
+    from tether.evaluation import sample_likelihoods
+    from tether.rollout import HFEngine, SamplingParams
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    ids = [[tokenizer.bos_token_id, *tokenizer("3+4=", add_special_tokens=False)["input_ids"]]] * 2
+    rollout = HFEngine(model, tokenizer, batch_size=4).generate(ids, SamplingParams(n=3, temperature=1.0,
+                                                                                    max_new_tokens=6, seed=1))
+    got = sample_likelihoods(model, tokenizer, rollout, [0.0] * 6, batch_size=4)
+    expected = torch.tensor([sum(lp) for lp in rollout.completion_logprobs], dtype=torch.float64)
+    assert torch.allclose(got.logprob, expected, atol=1e-4)
+    assert got.groups.tolist() == [0, 0, 0, 1, 1, 1] and got.tokens.tolist() == [len(c) for c in rollout.completion_ids]
+
+
+def test_likelihood_metrics_in_an_evaluation_and_a_reward_function_to_rank_by():
+    from tether.config.common import EvalConfig
+    from tether.evaluation import evaluate_task
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    cfg = EvalConfig(n=4, max_new_tokens=6, samples=3, metrics=["perplexity", "likelihood_reward_agreement"])
+    figures = evaluate_task(model, tokenizer, cfg, progress=False,
+                            reward_fn=lambda prompts, completions, answer: [float(len(c)) for c in completions])
+    assert figures["perplexity"] > 1 and figures["perplexity/tokens"] > 0
+    assert 0 <= figures["likelihood_reward_agreement"] <= 1 and figures["likelihood_reward_agreement/pairs"] > 0
+    same = evaluate_task(model, tokenizer, cfg, progress=False,
+                         reward_fn=lambda prompts, completions, **columns: [1.0] * len(completions))
+    assert same["likelihood_reward_agreement/pairs"] == 0 and same["likelihood_reward_agreement"] != \
+        same["likelihood_reward_agreement"]  # NaN: no pair with different rewards
+    with pytest.raises(ValueError, match="return one per completion"):
+        evaluate_task(model, tokenizer, cfg, progress=False, reward_fn=lambda prompts, completions, **c: [1.0])
+
+
+def test_sft_lowers_held_out_perplexity(tmp_path):
+    cfg = SFTConfig(name="sft", data={"task": {"name": "arithmetic", "n": 64}, "pack_length": 128},
+                    train={"max_steps": 8, "batch_size": 8, "log_every": 1, "progress": False},
+                    optim={"lr": 3e-3, "schedule": "constant"}, report_to=[],
+                    eval={"n": 16, "max_new_tokens": 4, "before": True, "metrics": ["perplexity"]})
+    model, tokenizer = build_tiny("tiny", seed=0)
+    trainer = SFTTrainer(cfg, model, tokenizer, tmp_path, records=sft_records(get_task("arithmetic"), 64, seed=0))
+    results = trainer.train()
+    assert results["perplexity"] < 0.5 * results["before/perplexity"], results
+    assert results["perplexity/tokens"] == results["before/perplexity/tokens"] > 16  # the same reference texts

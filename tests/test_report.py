@@ -235,3 +235,26 @@ def test_run_facts_record_the_command_versions_and_stage_times(tmp_path):
     assert facts["invocations"][0]["command"].startswith("tether")
     html = write_report(tmp_path).read_text()
     assert "<th>sft</th><td></td><td class=\"num\">4s</td>" in html and "interrupted" in html and "torch " in html
+
+
+def test_a_tiny_grpo_run_reports_the_reward_histogram_of_its_first_and_last_steps(tmp_path):
+    from tether.config.rl import GRPOConfig
+    from tether.models import build_tiny
+    from tether.trainers.rl import RLTrainer
+
+    def digits(prompts, completions, **columns):
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+    cfg = GRPOConfig(name="grpo", data={"task": {"name": "arithmetic", "n": 16}},
+                     rollout={"group_size": 4, "max_new_tokens": 6},
+                     train={"max_steps": 3, "batch_size": 4, "log_every": 1, "progress": False},
+                     optim={"lr": 1e-2, "schedule": "constant"}, report_to=[])
+    model, tokenizer = build_tiny("tiny", seed=0)
+    RLTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digits]).train()
+    stored = json.loads((tmp_path / "grpo" / "rewards.json").read_text())
+    assert stored["first"]["step"] < stored["last"]["step"]
+    assert len(stored["first"]["rewards"]) == len(stored["last"]["rewards"]) == 16  # 4 prompts x 4 completions
+    html = write_report(tmp_path).read_text()
+    png = (tmp_path / "plots" / "grpo-reward-histogram.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and png in embedded_pngs(html)
+    assert "grpo: rewards of the first and last training steps" in html

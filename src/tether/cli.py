@@ -312,11 +312,12 @@ def eval_cmd(
     reward_model: Annotated[str | None, typer.Option(help="reward model directory for --scorer rm")] = None,
     plot: Annotated[Path | None, typer.Option(help="best-of-n: save accuracy against n as a PNG")] = None,
     scorer_option: Annotated[list[str] | None, typer.Option(help="best-of-n judge option key=value")] = None,
-    metrics: Annotated[str | None, typer.Option(help="text metrics, e.g. distinct,length_by_outcome,reflection")]
+    metrics: Annotated[str | None, typer.Option(help="extra metrics: distinct, length_by_outcome, reflection, "
+                                                     "perplexity, likelihood_reward_agreement (with -k > 1)")]
     = None,
 ) -> None:
-    """Evaluate a model on a task's held-out split: greedy accuracy, pass@k and maj@k, text metrics, or
-    best-of-n against n."""
+    """Evaluate a model on a task's held-out split: greedy accuracy, pass@k and maj@k, text and likelihood
+    metrics, or best-of-n against n."""
     from tether.stages import evaluate
 
     _setup_logging(False)

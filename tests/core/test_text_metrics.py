@@ -38,5 +38,5 @@ def test_an_evaluation_reports_the_metrics_it_is_asked_for():
                             progress=False)
     assert {"distinct_1", "distinct_2", "reflection/words", "reflection/share"} <= set(figures)
     assert "length/correct" not in figures
-    with pytest.raises(ValueError, match="unknown metric 'nope'; valid: distinct, length_by_outcome, reflection"):
+    with pytest.raises(ValueError, match="unknown metric 'nope'; valid: distinct, length_by_outcome, likelihood_reward_agreement, perplexity, reflection"):
         EvalConfig(metrics=["nope"])

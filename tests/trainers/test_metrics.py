@@ -53,3 +53,23 @@ def test_plain_progress_lines_when_output_is_not_a_terminal(capsys):
     assert capsys.readouterr().out.startswith("sft: step 3/4 (75%), ")
     PlainProgress("sft", total=4, start=0, enabled=False, every=0).step(4, 0.1)
     assert capsys.readouterr().out == ""
+
+
+def test_rewards_file_keeps_the_first_and_latest_step_and_rewinds_with_the_stage(tmp_path):
+    logger = MetricsLogger(tmp_path, "rl")
+    path = tmp_path / "rl" / "rewards.json"
+    logger.write_rewards(1, [0.0, 1.0])
+    assert json.loads(path.read_text()) == {"first": {"step": 1, "rewards": [0.0, 1.0]},
+                                            "last": {"step": 1, "rewards": [0.0, 1.0]}}
+    for step in (2, 3):
+        logger.write_rewards(step, [float(step)] * 3)
+    data = json.loads(path.read_text())
+    assert (data["first"]["step"], data["last"]) == (1, {"step": 3, "rewards": [3.0, 3.0, 3.0]})
+    assert not list((tmp_path / "rl").glob("*.tmp"))  # written whole, under a temporary name first
+    logger.rewind(2)  # resumed from the step-2 checkpoint: step 3 is gone until it is trained again
+    assert json.loads(path.read_text())["last"]["step"] == 1
+    logger.write_rewards(3, [0.5])
+    assert json.loads(path.read_text())["first"]["step"] == 1
+    logger.rewind(0)  # started over: nothing of the old run is kept
+    assert not path.exists()
+    logger.close()

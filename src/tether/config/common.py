@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tether.config.base import StrictModel
+from tether.core.likelihood_metrics import LIKELIHOOD_METRICS
 from tether.core.text_metrics import TEXT_METRICS
 
 
@@ -120,18 +121,31 @@ class EvalConfig(StrictModel):
     chat: bool = Field(False, description="wrap prompts in the chat template")
     prompt_template: str = Field("{prompt}", description="how a problem becomes the prompt, e.g. '{prompt}<think>'")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
-    metrics: list[str] = Field(default_factory=list, description="text metrics of the greedy completions: "
-                                                                  "distinct, length_by_outcome, reflection")
+    metrics: list[str] = Field(default_factory=list, description="extra figures: text metrics of the greedy "
+                               "completions (distinct, length_by_outcome, reflection) and likelihood metrics "
+                               "(perplexity; likelihood_reward_agreement, with samples > 1)")
+    perplexity_data: str | None = Field(None, description="held-out texts for the perplexity metric: a .jsonl / "
+                                        ".json / .parquet file of prompt+completion, messages or text records; "
+                                        "unset: the evaluated problems with their reference completions")
 
     held_out: ClassVar[bool] = True
 
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, value: list[str]) -> list[str]:
-        unknown = [m for m in value if m not in TEXT_METRICS]
+        unknown = [m for m in value if m not in TEXT_METRICS and m not in LIKELIHOOD_METRICS]
         if unknown:
-            raise ValueError(f"unknown metric {unknown[0]!r}; valid: {', '.join(TEXT_METRICS.names())}")
+            valid = sorted([*TEXT_METRICS.names(), *LIKELIHOOD_METRICS.names()])
+            raise ValueError(f"unknown metric {unknown[0]!r}; valid: {', '.join(valid)}")
         return value  # its seed picks the held-out problems: a recipe's seed leaves it alone
+
+    @model_validator(mode="after")
+    def _samples_for_metrics(self) -> EvalConfig:
+        for name in self.metrics:
+            if name in LIKELIHOOD_METRICS and "samples" in LIKELIHOOD_METRICS.needs(name) and self.samples < 2:
+                raise ValueError(f"metric {name!r} ranks several sampled completions per prompt; set samples "
+                                 f"to 2 or more (tether eval -k 4), got {self.samples}")
+        return self
 
 
 class StageConfig(StrictModel):

@@ -1,18 +1,19 @@
 """Run reports: ``RUN_DIR/report.html``, one self-contained page that leads with the answer.
 
 The report only reads what a run directory already holds -- ``metrics.jsonl``, ``results.json``,
-``run.json``, ``config.yaml``, ``STAGE/stage.json``, ``STAGE/samples.jsonl`` and any ``*.png`` at its
-top level (e.g. ``overoptimization.png``) -- and writes ``report.html`` plus the same plots as files under
+``run.json``, ``config.yaml``, ``STAGE/stage.json``, ``STAGE/samples.jsonl``, ``STAGE/rewards.json`` and any
+``*.png`` at its top level (e.g. ``overoptimization.png``) -- and writes ``report.html`` plus the same plots as files under
 ``plots/``. The page references nothing outside itself: images are base64 ``data:`` URIs and the CSS is
 inline, so it opens offline, as an e-mail attachment or from an archived run.
 
 Order: the answer (each stage's headline figures, before -> after with 95% intervals and the paired
 gain; across seeds, mean +- std with the interval of the mean), the run facts (each stage's status and
 wall time; each invocation's command, versions and tether commit), the resolved configuration, then
-per stage its key curves (reward, held-out accuracy, KL, entropy, loss), the other metrics by prefix,
-the series that never moved folded into one line, and sample completions with their rewards. When a
-stage logs a gold reward, a proxy (reward-model) reward and the KL to the reference, both rewards are
-also plotted against KL, the picture of Gao, Schulman and Hilton 2022. ``tether report A B ...``
+per stage its key curves (reward, held-out accuracy, KL, entropy, loss), the other metrics by prefix, the
+histogram of every sample's reward at the first and the last training step (an RL stage's
+``rewards.json``), the series that never moved folded into one line, and sample completions with their
+rewards. When a stage logs a gold reward, a proxy (reward-model) reward and the KL to the reference, both
+rewards are also plotted against KL, the picture of Gao, Schulman and Hilton 2022. ``tether report A B ...``
 (:func:`write_comparison_report`) puts several runs on the same axes.
 """
 
@@ -35,12 +36,13 @@ from tether.report.page import (
     seeds_html,
     stage_html,
 )
-from tether.report.plots import Plot, comparison_png, headline_plot, safe_name, stage_plots
+from tether.report.plots import Plot, comparison_png, headline_plot, reward_histogram, safe_name, stage_plots
 from tether.report.read import (
     as_number,
     read_config_text,
     read_jsonl,
     read_results,
+    read_rewards,
     read_run_facts,
     read_samples,
     run_title,
@@ -118,6 +120,10 @@ def _stage_sections(run_dir: Path | None, runs: dict[str, dict], plots_dir: Path
     for stage in stages:
         plots, flat = stage_plots(stage, {label: metrics.get(stage, {}) for label, metrics in runs.items()})
         samples = read_samples(run_dir / stage) if run_dir is not None else []
+        title = f"{stage}: rewards of the first and last training steps"
+        png = reward_histogram(title, read_rewards(run_dir / stage)) if run_dir is not None else None
+        if png is not None:
+            plots.append(Plot(title, f"{safe_name(stage)}-reward-histogram.png", png))
         for plot in plots:
             (plots_dir / plot.filename).write_bytes(plot.png)
         if plots or samples or flat:

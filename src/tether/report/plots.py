@@ -116,6 +116,30 @@ def gold_proxy_kl(title: str, metrics: StageMetrics) -> bytes | None:
     fig.suptitle(title)
     return _png(fig)
 
+def reward_histogram(title: str, rewards: dict[int, list[float]]) -> bytes | None:
+    """The distribution of per-sample rewards at each given step (the stage's first and last, step ->
+    rewards), overlaid on shared bins with each step's mean in its label; None when there are none."""
+    if not rewards:
+        return None
+    values = [r for step in rewards.values() for r in step]
+    low, high = min(values), max(values)
+    bins = [low + (high - low) * i / 20 for i in range(21)] if high > low else [low - 0.5, low + 0.5]
+    fig = _new_figure(6.0, 3.6)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.15, top=0.86)
+    ax = fig.subplots()
+    for (step, step_rewards), colour in zip(rewards.items(), ("tab:grey", "tab:blue"), strict=False):
+        mean = sum(step_rewards) / len(step_rewards)
+        ax.hist(step_rewards, bins=bins, alpha=0.55, color=colour,
+                label=f"step {step:g}: {len(step_rewards)} samples, mean {mean:.3g}")
+    ax.legend(fontsize=7)
+    ax.set_xlabel("reward", fontsize=8)
+    ax.set_ylabel("samples", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _png(fig)
+
+
 def safe_name(text: str) -> str:
     """``text`` usable as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "x"

@@ -87,6 +87,26 @@ def read_samples(stage_dir: Path) -> list[dict]:
     return picked
 
 
+REWARDS_FILE = "rewards.json"  # written by tether.trainers.metrics.MetricsLogger.write_rewards
+
+
+def read_rewards(stage_dir: Path) -> dict[int, list[float]]:
+    """Per-sample rewards of a stage's first and latest training steps (``STAGE/rewards.json``), step -> rewards
+    (finite ones only), or ``{}`` when the stage wrote none or the file is unreadable."""
+    try:
+        data = json.loads((stage_dir / REWARDS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    out: dict[int, list[float]] = {}
+    for key in ("first", "last"):
+        entry = data.get(key) if isinstance(data, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int) and isinstance(entry.get("rewards"), list):
+            rewards = [r for r in map(as_number, entry["rewards"]) if r is not None]
+            if rewards:
+                out[entry["step"]] = rewards
+    return dict(sorted(out.items()))
+
+
 def run_title(run_dir: Path, config_file: str = "config.yaml") -> tuple[str, str]:
     """Name and description of the recipe from ``config.yaml``, else the folder's name."""
     try:

@@ -10,6 +10,7 @@ from tether.tasks.base import (
     extract_answer,
     get_task,
     pretrain_records,
+    reference_records,
     rl_records,
     sft_records,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "extract_answer",
     "get_task",
     "pretrain_records",
+    "reference_records",
     "rl_records",
     "sft_records",
 ]

@@ -8,7 +8,7 @@ can ever contain them. Every task yields the same four kinds of records:
 - ``sft_records``: demonstrations, ``{"prompt", "completion"}`` or ``{"messages"}``, the
   completion optionally carrying a ``<think>...</think>`` reasoning part before the answer
 - ``rl_records``: ``{"prompt", "answer"}`` for verifiable-reward RL
-- ``eval_records``: held-out ``{"prompt", "answer"}``
+- ``eval_records``: held-out ``{"prompt", "answer"}`` (``reference_records``: with the reference completion)
 """
 
 from __future__ import annotations
@@ -143,3 +143,12 @@ def rl_records(task: Task, n: int, *, seed: int = 0, eval_fraction: float = 0.1)
 def eval_records(task: Task, n: int, *, seed: int = 0, eval_fraction: float = 0.1) -> list[dict]:
     problems = draw_problems(task, n, seed=seed, split="eval", eval_fraction=eval_fraction)
     return [{"prompt": p.prompt, "answer": p.answer} for p in problems]
+
+
+def reference_records(task: Task, n: int, *, seed: int = 0, think: bool = True, eval_fraction: float = 0.1
+                      ) -> list[dict]:
+    """The problems of :func:`eval_records` (same ``n`` and ``seed``) with the completion a demonstration
+    would write (:func:`format_completion`): ``{"prompt", "answer", "completion"}``, held-out text for
+    perplexity."""
+    problems = draw_problems(task, n, seed=seed, split="eval", eval_fraction=eval_fraction)
+    return [{"prompt": p.prompt, "answer": p.answer, "completion": format_completion(p, think)} for p in problems]

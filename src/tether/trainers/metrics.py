@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tether.data.files import write_json_atomic
 from tether.runtime.progress import format_duration
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 # reproducible run repeats every other field exactly (also under a prefix such as ``iter2/``).
 WALL_CLOCK_FIELDS = frozenset({"time", "step_time", "time/generation", "time/frozen_passes", "completions_per_s", "tokens_per_s",
                                "loss_tokens_per_s", "round/generation_time", "round/score_time"})
+
+
+REWARDS_FILE = "rewards.json"  # in the stage directory: per-sample rewards of the first and latest steps
 
 
 def is_wall_clock(key: str) -> bool:
@@ -77,12 +81,14 @@ class MetricsLogger:
 
     def rewind(self, step: int) -> None:
         """Drop this stage's records after ``step`` (a resumed run logs them again) and any line a kill
-        cut short, so ``metrics.jsonl`` and the stage's ``samples.jsonl`` hold each step once."""
+        cut short, so ``metrics.jsonl`` and the stage's ``samples.jsonl`` hold each step once (and
+        ``rewards.json`` no step after it)."""
         if not self.enabled:
             return
         self._file.close()
         _drop_after(self.run_dir / "metrics.jsonl", step, stage=self.stage)
         _drop_after(self.run_dir / self.stage / "samples.jsonl", step)
+        _rewind_rewards(self.run_dir / self.stage / REWARDS_FILE, step)
         self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed in close()
 
     def write_samples(self, step: int, samples: list[dict]) -> None:
@@ -95,6 +101,20 @@ class MetricsLogger:
             for sample in samples:
                 f.write(json.dumps({"step": step, **sample}) + "\n")
 
+    def write_rewards(self, step: int, rewards: list[float]) -> None:
+        """Every sample's reward at the stage's first and latest training steps (``step`` numbered as in
+        ``metrics.jsonl``), for the report's reward histograms: ``<stage>/rewards.json``,
+        ``{"first": {"step", "rewards"}, "last": {"step", "rewards"}}``, rewritten whole (atomically) at
+        every step, so it stays two steps long however long the run."""
+        if not self.enabled:
+            return
+        path = self.run_dir / self.stage / REWARDS_FILE
+        entry = {"step": step, "rewards": [float(r) for r in rewards]}
+        first = _read_json(path).get("first")
+        if not (isinstance(first, dict) and isinstance(first.get("step"), int) and first["step"] <= step):
+            first = entry
+        write_json_atomic(path, {"first": first, "last": entry}, indent=None)
+
     def close(self) -> None:
         if not self.enabled:
             return
@@ -103,6 +123,26 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _rewind_rewards(path: Path, step: int) -> None:
+    """``rewards.json`` without the steps after ``step``: the latest falls back to the first, or the file goes."""
+    data = _read_json(path)
+    if not data:
+        return
+    steps = {k: v.get("step") for k, v in data.items() if isinstance(v, dict)}
+    if not isinstance(steps.get("first"), int) or steps["first"] > step:
+        path.unlink()
+    elif not isinstance(steps.get("last"), int) or steps["last"] > step:
+        write_json_atomic(path, {"first": data["first"], "last": data["first"]}, indent=None)
 
 
 def _drop_after(path: Path, step: int, *, stage: str | None = None) -> None:

@@ -399,6 +399,7 @@ class RLTrainer(Trainer):
                         "completions_per_s": len(batch) / (time.perf_counter() - start)})
         if self.step % cfg.sample_every == 0:
             self.logger.write_samples(self.step, self.samples(batch))
+        self.logger.write_rewards(self.step + 1, torch.cat(all_gather_rows(batch.scores[batch.valid])).tolist())
         return metrics
 
     def adapt_kl(self, batch: RLBatch) -> dict[str, float]:
