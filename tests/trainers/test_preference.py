@@ -84,6 +84,34 @@ def test_sppo_without_win_probabilities_is_a_one_line_error(tmp_path):
         make_trainer(tmp_path, loss="sppo", records=bad)
 
 
+def test_step_dpo_trains_on_the_first_wrong_step(tmp_path, monkeypatch):
+    """Correctness pairs are cut to their first wrong step (by divergence, or by a process reward model's
+    step scores); the stage trains on those and logs what it dropped."""
+    pairs = preference_records(TASK, 32, kind="correctness")
+    trainer = make_trainer(tmp_path, loss="step_dpo", records=pairs, eval_records=pairs[:8], max_steps=4)
+    prompts = [tuple(e.chosen.input_ids) for e in trainer.examples]
+    assert len(trainer.examples) == 32 and len(set(prompts)) == 32
+    assert trainer.train()["implicit_margin"] > 0
+    assert trainer.data_stats["dropped_step_no_wrong_step"] == 0
+
+    import tether.trainers.preference as module
+
+    class StubPRM:  # every step scored good but the second
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def step_scores(self, prompts, completions):
+            return [[0.9, 0.1] + [0.9] * 8 for _ in completions]
+
+    monkeypatch.setattr(module, "RewardModelScorer", StubPRM)
+    trainer = make_trainer(tmp_path, "prm", loss="step_dpo", records=pairs, eval_records=pairs[:8], max_steps=1,
+                           steps={"prm": "some/prm"})
+    # where the traces' error is not at step 1 they agree there: dropped as prefix_differs
+    kept = sum(1 for r in pairs if r["chosen"].split("|")[1] != r["rejected"].split("|")[1]
+               and r["chosen"].split("|")[0] == r["rejected"].split("|")[0])
+    assert len(trainer.examples) == kept and trainer.data_stats["dropped_step_prefix_differs"] == 32 - kept
+
+
 def test_mixed_losses_and_wpo(tmp_path):
     trainer = make_trainer(tmp_path, loss={"sigmoid": 0.8, "hinge": 0.2}, wpo=True, max_steps=4)
     results = trainer.train()

@@ -148,6 +148,16 @@ def _with_first_rewards(mix: Callable, first: str, inputs: PreferenceInputs) -> 
     return value, metrics
 
 
+class StepPairsConfig(StrictModel):
+    """How Step-DPO finds the first wrong step of each rejected trace (:mod:`tether.data.step_pairs`)."""
+
+    separator: str = Field("|", min_length=1, description="ends every step but the last (the arithmetic traces' |)")
+    prm: str | None = Field(None, description="a process reward model (path or @stage): the first step it scores "
+                                              "below threshold is the wrong one; unset: where the rejected trace "
+                                              "leaves the (correct) chosen one")
+    threshold: float = Field(0.5, gt=0, lt=1, description="prm: a step scoring below this is wrong")
+
+
 class DPOConfig(PreferenceLossConfig, StageConfig):
     """Offline preference optimisation; hyperparameters left unset take the loss's own default.
 
@@ -158,6 +168,8 @@ class DPOConfig(PreferenceLossConfig, StageConfig):
     type: Literal["dpo"] = Field("dpo", description="the stage type")
     data: PreferenceDataConfig = Field(default_factory=lambda: PreferenceDataConfig(task=PreferenceTaskSource()),
                                        description="preference pairs (or unpaired records for kto)")
+    steps: StepPairsConfig = Field(default_factory=StepPairsConfig, description="step_dpo: how the sequence pairs "
+                                                                                "are cut to their first wrong step")
 
     @model_validator(mode="after")
     def _check_data(self) -> DPOConfig:

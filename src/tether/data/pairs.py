@@ -159,8 +159,8 @@ def _number(record: dict, field: str, row: int, low: float | None = None, high: 
 
 
 def _completion_example(prompt: Any, completion: Any, record: dict, tokenizer: Any, max_length: int,
-                        overflow: str) -> TokenizedExample | None:
-    row = {"prompt": prompt, "completion": completion}
+                        overflow: str, partial: bool = False) -> TokenizedExample | None:
+    row = {"prompt": prompt, "completion": completion, "partial": partial}
     if record.get("tools") is not None:
         row["tools"] = record["tools"]
     return tokenize_sft(row, tokenizer, max_length=max_length, overflow=overflow)
@@ -168,15 +168,18 @@ def _completion_example(prompt: Any, completion: Any, record: dict, tokenizer: A
 
 def tokenize_pairs(records: Sequence[dict], tokenizer: Any, *, max_length: int, overflow: str = "truncate"
                    ) -> tuple[list[PairExample], dict[str, int]]:
-    """Each pair as two SFT-style examples (prompt masked, completion + eos as loss tokens).
+    """Each pair as two SFT-style examples (prompt masked, completion + eos as loss tokens; no eos after a
+    completion whose record says ``chosen_partial`` / ``rejected_partial``: a step-level pair's middle step).
 
     Pairs that lose every completion token to ``max_length`` (or any, with ``overflow="drop"``)
     are dropped as ``overflow``; pairs whose two token sequences are equal as ``identical``.
     """
     pairs, stats = [], {"overflow": 0, "identical": 0}
     for i, record in enumerate(records):
-        chosen = _completion_example(record["prompt"], record["chosen"], record, tokenizer, max_length, overflow)
-        rejected = _completion_example(record["prompt"], record["rejected"], record, tokenizer, max_length, overflow)
+        chosen = _completion_example(record["prompt"], record["chosen"], record, tokenizer, max_length, overflow,
+                                     bool(record.get("chosen_partial")))
+        rejected = _completion_example(record["prompt"], record["rejected"], record, tokenizer, max_length, overflow,
+                                       bool(record.get("rejected_partial")))
         if chosen is None or rejected is None:
             stats["overflow"] += 1
             continue

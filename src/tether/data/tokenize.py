@@ -123,7 +123,8 @@ def _sft_example(record: dict, tokenizer: Any) -> TokenizedExample:
         trainable = [i for i, m in enumerate(messages) if i >= len(prompt) and m["role"] == "assistant"]
         return _chat_example(messages, trainable, tokenizer, record.get("tools"))
     prompt_ids = _bos(tokenizer) + _encode(tokenizer, prompt)
-    completion_ids = [*_encode(tokenizer, completion), _eos(tokenizer)]
+    # a ``partial`` completion (one step of a longer answer, as Step-DPO's) does not end the answer: no eos
+    completion_ids = [*_encode(tokenizer, completion), *([] if record.get("partial") else [_eos(tokenizer)])]
     labels = [IGNORE_INDEX] * len(prompt_ids) + completion_ids
     labels[0] = IGNORE_INDEX
     return TokenizedExample(prompt_ids + completion_ids, labels)

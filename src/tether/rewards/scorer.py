@@ -107,23 +107,40 @@ class RewardModelScorer:
         return out
 
     def _score_batch(self, batch: list[tuple[Any, Any]]) -> list[float]:
-        make = self._process_sequence if self.process else self._outcome_sequence
-        sequences, positions = zip(*(make(p, c) for p, c in batch), strict=True)
+        if not self.process:
+            sequences, positions = zip(*(self._outcome_sequence(p, c) for p, c in batch), strict=True)
+            return score_positions(self.model, sequences, positions, row_tokens=self.row_tokens,
+                                   pad_token_id=self.tokenizer.pad_token_id).cpu().tolist()
+        steps = self._step_scores_batch(batch)
+        width = max(max((len(s) for s in steps), default=0), 1)
+        padded = torch.zeros(len(batch), width)
+        mask = torch.arange(width)[None, :] < torch.tensor([len(s) for s in steps])[:, None]
+        padded[mask] = torch.tensor([x for s in steps for x in s], dtype=padded.dtype)
+        return self.aggregate(padded, mask).tolist()
+
+    def _step_scores_batch(self, batch: list[tuple[Any, Any]]) -> list[list[float]]:
+        sequences, positions = zip(*(self._process_sequence(p, c) for p, c in batch), strict=True)
         # a process model may have nothing to read for an empty completion; keep one position so the
-        # sequence still packs, and mask it out below
+        # sequence still packs, and drop its score below
         read = [pos or [len(ids) - 1] for ids, pos in zip(sequences, positions, strict=True)]
         scores = score_positions(self.model, sequences, read, row_tokens=self.row_tokens,
                                  pad_token_id=self.tokenizer.pad_token_id).cpu()
+        return [torch.sigmoid(s).tolist() if p else [] for s, p in zip(scores.split([len(r) for r in read]), positions,
+                                                                         strict=True)]
+
+    @torch.no_grad()
+    def step_scores(self, prompts: Sequence[Any], completions: Sequence[str]) -> list[list[float]]:
+        """A process model's score of every step (sigmoid of the head at each step's separator), per completion:
+        the steps are the completion cut at the separator the model was trained with (empty pieces dropped)."""
         if not self.process:
-            return scores.tolist()
-        counts = torch.tensor([len(p) for p in positions])
-        width = max(int(counts.max()), 1)
-        steps = torch.zeros(len(batch), width)
-        mask = torch.arange(width)[None, :] < counts[:, None]
-        kept = torch.cat([s for s, p in zip(scores.split([len(r) for r in read]), positions, strict=True) if p]
-                         or [torch.zeros(0)])
-        steps[mask] = torch.sigmoid(kept)
-        return self.aggregate(steps, mask).tolist()
+            raise ValueError("step scores come from a process reward model; this one is an outcome model")
+        if len(prompts) != len(completions):
+            raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completions")
+        out: list[list[float]] = []
+        for start in range(0, len(completions), self.batch_size):
+            out.extend(self._step_scores_batch(list(zip(prompts[start:start + self.batch_size],
+                                                        completions[start:start + self.batch_size], strict=True))))
+        return out
 
 
 _SCORERS: dict[tuple, RewardModelScorer] = {}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,11 @@ from tether.data.pairs import (
     tokenize_unpaired,
 )
 from tether.data.schedule import BatchSchedule, chunks
+from tether.data.step_pairs import step_pairs
 from tether.evaluation import Figures, with_intervals
 from tether.models.loading import frozen_copy
 from tether.models.logprobs import example_logprobs, pair_logprobs, preference_inputs
+from tether.rewards.scorer import RewardModelScorer
 from tether.tasks.preferences import split_pairs
 from tether.trainers.loop import Trainer
 
@@ -73,6 +75,12 @@ class PreferenceTrainer(Trainer):
                                                       unpaired=cfg.unpaired)
             eval_records = default_eval if eval_records is None else eval_records
         records = self._fit_to_loss(records, "training")
+        if "step_pairs" in cfg.loss_needs:  # Step-DPO: each pair cut to its first wrong step
+            first_wrong = self._first_wrong_step()
+            records, step_stats = step_pairs(records, separator=cfg.steps.separator, first_wrong=first_wrong)
+            counts.update({f"step_{k}": v for k, v in step_stats.items()})
+            if eval_records:
+                eval_records = step_pairs(eval_records, separator=cfg.steps.separator, first_wrong=first_wrong)[0]
         stats: dict[str, int]
         if cfg.unpaired:
             self.examples, stats = tokenize_unpaired(records, tokenizer, max_length=cfg.data.max_length,
@@ -97,7 +105,8 @@ class PreferenceTrainer(Trainer):
                 raise DataError(f"stage {self.stage!r}: held-out records are unpaired but loss {cfg.loss!r} "
                                 "is evaluated on preference pairs")
         self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0)
-                           for k in ("identical", "empty", "overflow")}
+                           for k in ("identical", "empty", "overflow", "step_no_wrong_step", "step_prefix_differs")
+                           if k in counts or k in stats or not k.startswith("step_")}
         if counts.get("skipped"):  # bad rows left out under data.on_error: skip
             self.data_stats["skipped"] = counts["skipped"]
         if not self.examples:
@@ -133,6 +142,21 @@ class PreferenceTrainer(Trainer):
             raise DataError(f"stage {self.stage!r}: loss {cfg.loss!r} takes preference pairs (prompt, chosen, "
                             f"rejected) but the {what} records are not pairs")
         return records
+
+    def _first_wrong_step(self) -> Callable[[str, list[str]], int | None] | None:
+        """With ``steps.prm``: the first step the process reward model scores below ``steps.threshold``."""
+        steps = self.config.steps
+        if steps.prm is None:
+            return None
+        scorer = RewardModelScorer(steps.prm, process=True, step_separator=steps.separator)
+
+        def first_wrong(prompt: str, trace: list[str]) -> int | None:
+            scores = scorer.step_scores([prompt], ["".join(trace)])[0]
+            # the scorer drops blank pieces; map its steps back onto the trace's
+            kept = [k for k, step in enumerate(trace) if step.replace(steps.separator, "").strip()]
+            return next((kept[i] for i, x in enumerate(scores) if x < steps.threshold and i < len(kept)), None)
+
+        return first_wrong
 
     def _kl_examples(self) -> dict[int, TokenizedExample]:
         """KTO's mismatched pairs: in each fixed micro-batch, completion j with the prompt of example j+1."""
