@@ -56,6 +56,7 @@ class CriticSteps:
     config: Any
     model: torch.nn.Module
     tokenizer: Any
+    micro_batches: Any  # RLTrainer's: rows -> the micro-batches of a forward pass
 
     def values(self, rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
         """V(s_t) of the given samples' completion tokens, shape (len(rows), longest completion of the rollout).
@@ -71,10 +72,6 @@ class CriticSteps:
     def frozen_values(self, rollout: Rollout) -> torch.Tensor:
         self.model.eval()
         return torch.cat([self.values(rollout, rows) for rows in self.micro_batches(torch.arange(len(rollout)))])
-
-    def micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        size = self.config.micro_batch_size or len(rows)
-        return list(rows.split(size))
 
     def value_loss(self, batch: Any, rows: torch.Tensor, denominators: dict[str, float]
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -354,6 +354,10 @@ class RLTrainer(CriticSteps, Trainer):
             return torch.cat([self.policy_logprobs(model, rollout, rows)[0]
                               for rows in self.micro_batches(torch.arange(len(rollout)))])
 
+    def micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        size = self.config.micro_batch_size or len(rows)
+        return list(rows.split(size))
+
     # ---- the step ---------------------------------------------------------------------------------
     def training_step(self) -> dict[str, Any]:
         cfg = self.config
