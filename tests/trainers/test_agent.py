@@ -205,3 +205,40 @@ def test_agent_evaluation_reports_progress_and_the_same_figures(monkeypatch, cap
     assert lines and all("/12 episodes (" in line for line in lines)
     assert done == sorted(done) and done[-1] == 12  # greedy 6 then sampled 6, never going back
     assert dict(shown) == dict(quiet)
+
+
+def test_agent_ppo_trains_a_critic_on_the_action_tokens(tmp_path):
+    """algorithm: ppo (a critic from the policy, GAE, the KL in the reward) with a one-step critic warm-up: the
+    run completes and logs the value loss; observation tokens get no advantage and no return; the final
+    model is exported with its critic."""
+    import json
+
+    cfg = config(algorithm="ppo", critic={"lr": 3e-3, "warmup_steps": 1}, kl={"coef": 0.05}, num_iterations=2,
+                 rollout={"group_size": 1}, train={"max_steps": 3, "batch_size": 6, "log_every": 1, "progress": False})
+    assert cfg.critic.init == "policy" and cfg.advantage == "gae" and cfg.kl.in_reward
+    t = trainer(tmp_path, cfg)
+    batches = []
+    collect = t.collect
+    t.collect = lambda: batches.append(collect()) or batches[-1]
+    t.fit()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in logged if m.get("stage") == "agent" and "value/loss" in m]
+    assert [m["critic/warmup"] for m in steps] == [1.0, 0.0, 0.0]
+    assert all(m["value/loss"] == m["value/loss"] and "policy/loss" in m for m in steps[1:])
+    assert all(m["agent/observation_tokens"] > 0 for m in steps)
+    for batch in batches:
+        observed = torch.tensor([[m == 0 for m in row] + [False] * (batch.mask.shape[1] - len(row))
+                                 for row in batch.rollout.action_masks])
+        assert observed.any() and (batch.mask[observed] == 0).all()
+        assert torch.count_nonzero(batch.advantages[observed]) == 0 and torch.count_nonzero(batch.returns[observed]) == 0
+        assert torch.count_nonzero(batch.advantages[batch.mask != 0]) > 0
+    assert (tmp_path / "agent" / "value" / "config.json").is_file()  # the critic beside the policy
+
+
+def test_agent_ppo_config_errors_are_clear():
+    with pytest.raises(ValueError, match="reads no values"):
+        AgentConfig(critic={"init": "policy"})
+    with pytest.raises(ValueError, match="needs a critic"):
+        AgentConfig(advantage="gae")
+    with pytest.raises(ValueError, match="gigpo"):
+        AgentConfig(algorithm="ppo", gigpo={})

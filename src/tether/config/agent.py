@@ -6,10 +6,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tether.config.base import StrictModel
+from tether.config.base import StrictModel, deep_merge
 from tether.config.common import TaskSource
 from tether.config.rewards import RewardSpec
-from tether.config.rl import GRPOConfig
+from tether.config.rl import PRESETS, CriticConfig, GRPOConfig
 from tether.config.sft import SFTConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
 
@@ -87,12 +87,27 @@ def _trajectory() -> list[RewardSpec]:
     return [RewardSpec("trajectory")]
 
 
+# PPO on episodes: PPOConfig's defaults (one episode per task, the KL in the reward per token, GAE,
+# four epochs), the critic from the policy (an agent stage has no reward model to start it from).
+AGENT_PPO: dict[str, Any] = {
+    "advantage": "gae", "advantage_kwargs": {"gamma": 1.0, "lam": 0.95, "whiten": True}, "critic": {"init": "policy"},
+    "rollout": {"group_size": 1}, "loss_agg": "token-mean", "kl": {"coef": 0.05, "estimator": "k1", "in_reward": True},
+    "num_iterations": 4}
+
+
 class AgentConfig(GRPOConfig):
-    """GRPO-family RL on multi-turn episodes of ``environment``. ``train.batch_size`` tasks per step,
-    ``rollout.group_size`` episodes each; ``rollout`` sets sampling (``max_new_tokens`` and ``stop``
-    are replaced by ``agent.max_tokens_per_turn`` and the end-of-turn token); ``data`` is unused."""
+    """GRPO-family RL, or PPO with a critic (``algorithm: ppo``, or ``critic`` with ``advantage: gae``), on
+    multi-turn episodes of ``environment``. ``train.batch_size`` tasks per step, ``rollout.group_size``
+    episodes each; ``rollout`` sets sampling (``max_new_tokens`` and ``stop`` are replaced by
+    ``agent.max_tokens_per_turn`` and the end-of-turn token); ``data`` is unused."""
 
     type: Literal["agent"] = Field("agent", description="the stage type")
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_paper", "remax", "dapo",
+                       "gspo", "cispo", "gmpo", "sapo", "dppo", "ppo"] | None = Field(
+        None, description="a preset: a critic-free method's settings, or ppo (a critic from the policy, GAE over "
+                          "the action tokens, the KL in the reward, one episode per task)")
+    critic: CriticConfig | None = Field(None, description="a learned value model on the action tokens (PPO; "
+                                                          "advantage: gae); None: critic-free")
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="the environment")
     agent: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="the multi-turn loop")
     rewards: list[RewardSpec] = Field(default_factory=_trajectory, description="the environment's verifier "
@@ -100,9 +115,33 @@ class AgentConfig(GRPOConfig):
     gigpo: GiGPOConfig | None = Field(None, description="add GiGPO's step-level advantage; None: off")
     eval: AgentEvalConfig | None = Field(None, description="held-out episodes after training")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:  # replaces GRPOConfig's: the presets plus ppo
+        if isinstance(data, dict) and data.get("algorithm"):
+            preset = AGENT_PPO if data["algorithm"] == "ppo" else PRESETS.get(data["algorithm"])
+            if preset is not None:
+                return deep_merge(preset, data)
+        return data
+
+    @model_validator(mode="after")
+    def _no_critic_needed(self) -> AgentConfig:  # replaces GRPOConfig's: a critic is allowed, and needs gae
+        reads_values = "values" in ADVANTAGE_ESTIMATORS.needs(self.advantage)
+        if self.critic is not None and not reads_values:
+            raise ValueError(f"critic is set but advantage {self.advantage!r} reads no values: set advantage: gae "
+                             "(or algorithm: ppo), or drop the critic")
+        if self.critic is None and reads_values:
+            raise ValueError(f"advantage {self.advantage!r} needs a critic's values: set critic (e.g. "
+                             "{init: policy}) or algorithm: ppo")
+        if self.critic is not None and (self.gigpo is not None or self.critic.share_backbone):
+            raise ValueError("agent PPO supports neither gigpo (a group baseline beside GAE's per-token credit: "
+                             "drop one) nor critic.share_backbone (use separate models)")
+        return self
+
     @model_validator(mode="after")
     def _agent_supported(self) -> AgentConfig:
-        if ADVANTAGE_ESTIMATORS.needs(self.advantage) or self.dynamic_sampling.enabled or self.overlong is not None:
+        if set(ADVANTAGE_ESTIMATORS.needs(self.advantage)) - {"values"} or self.dynamic_sampling.enabled \
+                or self.overlong is not None:
             raise ValueError("the agent trainer does not support advantages that need extra rollouts (remax), "
                              "dynamic_sampling or overlong shaping")
         return self

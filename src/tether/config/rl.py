@@ -141,6 +141,8 @@ class CriticConfig(StrictModel):
     share_backbone: bool = Field(False, description="one base model: policy and value LoRA adapters "
                                                     "(needs model.lora); the reference is the adapter-free base")
     seed: int = Field(0, description="initialises a new value head")
+    warmup_steps: int = Field(0, ge=0, description="the first N training steps update only the critic (on the "
+                                                   "value loss of fresh rollouts); the actor is frozen")
 
 
 class RLConfig(StageConfig):

@@ -1,4 +1,4 @@
-"""Agentic tool-use RL: GRPO-family updates on multi-turn trajectories.
+"""Agentic tool-use RL: GRPO-family (or PPO) updates on multi-turn trajectories.
 
 A step of :class:`AgentRLTrainer` reads exactly like :class:`~tether.trainers.rl.RLTrainer`'s
 (generate -> score -> advantage -> clipped policy gradient) with one change: ``collect`` runs the
@@ -8,6 +8,16 @@ is 0 on observation tokens, so the policy loss, the KL term (in the loss or in t
 entropy term, the old- and reference-policy log-probs used by them, and the advantages all act on
 the policy's own tokens only. The reward is the environment's verifier (the ``trajectory`` reward
 function), plus any other reward function of the final answer.
+
+PPO with a critic (``algorithm: ppo``, or ``critic`` with ``advantage: gae``): the critic is built and
+trained as in the ``ppo`` stage (:mod:`tether.trainers.critic`, ``critic.warmup_steps`` included) and
+reads the whole episode in one forward pass, but only the action tokens' values are used: the
+registry ``gae`` estimator takes the completion mask, so its recursion steps over the policy's tokens
+alone, the episode's action tokens concatenated. gamma and lambda apply per action token, and an
+observation between two turns is skipped (V_{t+1} and A_{t+1} carried across it, no discount for
+its length): the environment's reply is a transition, not a step of the policy. The outcome reward
+lands on the last action token, the KL (in the reward) on every action token; observation tokens get
+advantage 0, return 0 and no value-loss term. Per-turn ``step_rewards`` are not used (as critic-free).
 
 Optional GiGPO (Feng et al. 2025; ``gigpo: {weight, gamma}``): a step-level advantage from
 anchor-state groups is added, per turn, to GRPO's episode-level one (see :mod:`tether.core.gigpo`).
@@ -89,7 +99,7 @@ class AgentRLTrainer(RLTrainer):
     def evaluate(self) -> dict[str, float]:
         if self.config.eval is None:
             return {}
-        return evaluate_agent(self.model, self.tokenizer, self.config.environment, self.config.agent,
+        return evaluate_agent(self.policy, self.tokenizer, self.config.environment, self.config.agent,
                               self.config.eval, progress=self.config.train.progress and self.dist.is_main,
                               label=f"{self.stage} eval")
 

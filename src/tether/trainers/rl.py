@@ -8,7 +8,8 @@ batch) -> ``num_iterations`` passes of minibatch updates of a registry policy lo
 loss when there is a critic, and the entropy bonus), every term aggregated by ``agg_loss``. The step
 carries one :class:`RLBatch`. What an advantage estimator reads beyond rewards (ReMax's greedy
 baseline, GAE's values) is declared by its registry entry (``ADVANTAGE_ESTIMATORS.needs``); the
-critic exists when the config has one (``ppo``).
+critic exists when the config has one (``ppo``); its values, value loss and warm-up (the first
+``critic.warmup_steps`` steps update the critic alone) are in critic.py.
 
 How it departs from the papers: the KL estimators, the clipped surrogate, the aggregation and the
 advantages are exactly as in ``tether.core``; "old" log-probs are recomputed by a forward pass when
@@ -35,16 +36,17 @@ from tether.config.rl import RLConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
 from tether.core.aggregation import agg_loss, masked_mean, num_seqs, num_tokens
 from tether.core.kl import KL_CONTROLLERS, kl_penalty
-from tether.core.policy_losses import POLICY_LOSSES, value_loss_clipped
+from tether.core.policy_losses import POLICY_LOSSES
 from tether.core.reward_aggregation import REWARD_AGGREGATIONS
 from tether.data.sources import record_columns, training_prompts
 from tether.models.loading import frozen_copy
 from tether.models.logprobs import completion_logprobs
-from tether.models.value_model import build_actor_critic, completion_values
+from tether.models.value_model import build_actor_critic
 from tether.rewards import RunningMoments, overlong_penalty, shape_scores
 from tether.rollout import Rollout, SamplingParams
 from tether.rollout.engines import build_engine
 from tether.scoring import reward_composer
+from tether.trainers.critic import CriticSteps, in_critic_warmup, warmup_metrics
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.entropy_control import EntropyControl
 from tether.trainers.loop import Trainer
@@ -80,7 +82,7 @@ class RLBatch:
         return len(self.rollout)
 
 
-class RLTrainer(Trainer):
+class RLTrainer(CriticSteps, Trainer):
     """Generate -> score -> advantage -> clipped policy-gradient updates (and a critic), on the shared loop."""
 
     config: RLConfig
@@ -318,7 +320,7 @@ class RLTrainer(Trainer):
             values=batch.values if "values" in needs else None, running_baseline=self.running_baseline)
         return global_advantages(cfg.advantage, inputs, **cfg.advantage_hparams())
 
-    # ---- log-probs and values ---------------------------------------------------------------------
+    # ---- log-probs ---------------------------------------------------------------------------------
     def policy_logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *,
                         with_entropy: bool = False, entropy_grad: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -352,20 +354,6 @@ class RLTrainer(Trainer):
             return torch.cat([self.policy_logprobs(model, rollout, rows)[0]
                               for rows in self.micro_batches(torch.arange(len(rollout)))])
 
-    def values(self, rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
-        """V(s_t) of the given samples' completion tokens, shape (len(rows), longest completion of the rollout)."""
-        ids = rows.tolist()
-        width = max(len(c) for c in rollout.completion_ids)
-        values = completion_values(self.model, [rollout.prompt_ids[i] for i in ids],
-                                   [rollout.completion_ids[i] for i in ids], row_tokens=self.config.row_tokens,
-                                   pad_token_id=self.tokenizer.pad_token_id)
-        return torch.nn.functional.pad(values, (0, width - values.shape[1]))
-
-    @torch.no_grad()
-    def frozen_values(self, rollout: Rollout) -> torch.Tensor:
-        self.model.eval()
-        return torch.cat([self.values(rollout, rows) for rows in self.micro_batches(torch.arange(len(rollout)))])
-
     def micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
         size = self.config.micro_batch_size or len(rows)
         return list(rows.split(size))
@@ -385,8 +373,9 @@ class RLTrainer(Trainer):
         batch.advantages, batch.returns = adv.advantages, adv.returns
         if "running_baseline" in adv.state:
             self.running_baseline = adv.state["running_baseline"]
-        update_metrics = self.minibatch_updates(batch.mask, cfg.num_iterations,
-                                                lambda rows, d: self.loss(batch, rows, d))
+        warmup = in_critic_warmup(cfg.critic, self.step)  # the critic alone (critic.py)
+        step_loss = self.value_loss if warmup else self.loss
+        update_metrics = self.minibatch_updates(batch.mask, cfg.num_iterations, lambda rows, d: step_loss(batch, rows, d))
         metrics = dict(batch.metrics)
         metrics.update({f"advantage/{k}": v for k, v in adv.metrics.items()})
         metrics.update(update_metrics)
@@ -394,7 +383,8 @@ class RLTrainer(Trainer):
         metrics.update(self.entropy.end_step(update_metrics.get("entropy"), self.step))
         metrics.update(self.rollout_metrics(batch))
         if batch.token_rewards is not None:
-            metrics.update(self.adapt_kl(batch))
+            metrics.update(self.adapt_kl(batch, update=not warmup))
+        metrics.update(warmup_metrics(cfg.critic, warmup))
         metrics.update({"time/generation": gen_time, "time/frozen_passes": frozen_time,
                         "completions_per_s": len(batch) / (time.perf_counter() - start)})
         if self.step % cfg.sample_every == 0:
@@ -402,13 +392,14 @@ class RLTrainer(Trainer):
         self.logger.write_rewards(self.step + 1, torch.cat(all_gather_rows(batch.scores[batch.valid])).tolist())
         return metrics
 
-    def adapt_kl(self, batch: RLBatch) -> dict[str, float]:
+    def adapt_kl(self, batch: RLBatch, *, update: bool = True) -> dict[str, float]:
         """The KL in the reward per completion over the whole job's batch, and the coefficient it was charged
-        at; the controller then moves the coefficient (an adaptive one toward its target)."""
+        at; the controller then moves the coefficient (an adaptive one toward its target) when ``update``."""
         total, count = all_reduce_sum(batch.kl.sum(1)[batch.valid].sum()), all_reduce_sum(batch.valid.sum())
         sequence_kl = float(total / count) if count > 0 else 0.0
         figures = {"kl/sequence": sequence_kl, "kl_coef": self.kl_controller.value}
-        self.kl_controller.update(sequence_kl, int(count))
+        if update:
+            self.kl_controller.update(sequence_kl, int(count))
         return figures
 
     def rollout_metrics(self, batch: RLBatch) -> dict[str, Any]:
@@ -484,11 +475,9 @@ class RLTrainer(Trainer):
             if not cfg.kl.in_reward:
                 loss = loss + cfg.kl.coef * agg_loss(kl, m, cfg.loss_agg, **agg)
         if cfg.critic is not None:
-            vf_loss, vf = value_loss_clipped(self.values(batch.rollout, rows), batch.values[rows], batch.returns[rows],
-                                             m, clip_range=cfg.critic.clip_range, loss_agg=cfg.loss_agg, **agg)
+            vf_loss, vf_metrics = self.value_loss(batch, rows, denominators)
             loss = loss + cfg.critic.coef * vf_loss
-            metrics.update({"value/loss": vf_loss.detach(), "value/clip_frac": vf["value_clip_frac"],
-                            "value/explained_variance": vf["explained_variance"], "value/mean": vf["value_mean"]})
+            metrics.update(vf_metrics)
         if entropy is not None:
             metrics["entropy"] = (entropy.detach() * m).sum() / m.sum().clamp(min=1)
             if self.entropy.bonus_on:
