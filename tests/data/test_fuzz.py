@@ -23,7 +23,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
                 suppress_health_check=list(HealthCheck))
 TOKENIZER = build_tokenizer()
 FIELDS = ["text", "messages", "prompt", "completion", "chosen", "rejected", "label", "answer", "steps",
-          "labels", "tools"]
+          "labels", "tools", "completions", "ranks"]
 
 texts = st.one_of(
     st.text(max_size=40),
@@ -50,7 +50,7 @@ def tokenize_all(rows, fmt):
     if kind is not None:
         with contextlib.suppress(DataError):
             tokenize_dataset(rows, TOKENIZER, kind=kind, max_length=64)
-    if fmt in ("prompt", "prompt_answer", "prompt_completion", "unpaired", "stepwise"):  # a validated prompt
+    if fmt in ("prompt", "prompt_answer", "prompt_completion", "unpaired", "stepwise", "ranking"):  # a validated prompt
         tokenize_prompts([r["prompt"] for r in rows], TOKENIZER, chat=True)
 
 
