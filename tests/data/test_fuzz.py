@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether.data import DataError, load_records, tokenize_dataset, tokenize_prompts
+from tether.data.pairs import tokenize_rankings
 from tether.data.schemas import ROLES, detect_format, format_names
 from tether.models import build_tokenizer
 
@@ -50,6 +51,8 @@ def tokenize_all(rows, fmt):
     if kind is not None:
         with contextlib.suppress(DataError):
             tokenize_dataset(rows, TOKENIZER, kind=kind, max_length=64)
+    if fmt == "ranking":
+        tokenize_rankings(rows, TOKENIZER, max_length=64)
     if fmt in ("prompt", "prompt_answer", "prompt_completion", "unpaired", "stepwise", "ranking"):  # a validated prompt
         tokenize_prompts([r["prompt"] for r in rows], TOKENIZER, chat=True)
 

@@ -79,6 +79,13 @@ def ranking_pairs(ranks: Tensor, mask: Tensor | None = None) -> Tensor:
     return better
 
 
+def top_is_best(scores: Tensor, ranks: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Shape (B,), bool: whether each prompt's top-scored valid answer is one of its best-ranked ones."""
+    valid = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask.bool()
+    top = torch.where(valid, scores, torch.full_like(scores, float("-inf"))).argmax(-1, keepdim=True)
+    return ranks.gather(-1, top).squeeze(-1) == torch.where(valid, ranks, ranks.max() + 1).amin(-1)
+
+
 def ranking_loss(
     scores: Tensor,
     ranks: Tensor,
@@ -122,16 +129,13 @@ def ranking_loss(
     if center_coef:
         total = torch.where(better, winners + losers, torch.zeros_like(winners)) ** 2
         loss = loss + center_coef * (total.sum((1, 2)) / count).mean()
-    detached = scores.detach()
-    top = torch.where(valid, detached, torch.full_like(detached, float("-inf"))).argmax(-1, keepdim=True)
-    best_rank = torch.where(valid, ranks, ranks.max() + 1).amin(-1)
-    answers = detached[valid]
+    answers = scores.detach()[valid]
     metrics = {
         "accuracy": (diff.detach()[better] > 0).float().mean(),
         "margin": diff.detach()[better].mean(),
         "rewards/chosen": winners.detach()[better].mean(),
         "rewards/rejected": losers.detach()[better].mean(),
-        "best_accuracy": (ranks.gather(-1, top).squeeze(-1) == best_rank).float().mean(),
+        "best_accuracy": top_is_best(scores.detach(), ranks, valid).float().mean(),
         "rewards/mean": answers.mean(),
         "rewards/std": answers.std(correction=0),
     }
