@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether.data import DataError, load_records, tokenize_dataset, tokenize_prompts
+from tether.data.pairs import tokenize_rankings
 from tether.data.schemas import ROLES, detect_format, format_names
 from tether.models import build_tokenizer
 
@@ -23,7 +24,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
                 suppress_health_check=list(HealthCheck))
 TOKENIZER = build_tokenizer()
 FIELDS = ["text", "messages", "prompt", "completion", "chosen", "rejected", "label", "answer", "steps",
-          "labels", "tools"]
+          "labels", "tools", "completions", "ranks"]
 
 texts = st.one_of(
     st.text(max_size=40),
@@ -50,7 +51,9 @@ def tokenize_all(rows, fmt):
     if kind is not None:
         with contextlib.suppress(DataError):
             tokenize_dataset(rows, TOKENIZER, kind=kind, max_length=64)
-    if fmt in ("prompt", "prompt_answer", "prompt_completion", "unpaired", "stepwise"):  # a validated prompt
+    if fmt == "ranking":
+        tokenize_rankings(rows, TOKENIZER, max_length=64)
+    if fmt in ("prompt", "prompt_answer", "prompt_completion", "unpaired", "stepwise", "ranking"):  # a validated prompt
         tokenize_prompts([r["prompt"] for r in rows], TOKENIZER, chat=True)
 
 

@@ -18,6 +18,7 @@ ROWS = {
     "unpaired": {"prompt": "2+2=", "completion": "4", "label": True},
     "prompt_answer": {"prompt": "2+2=", "answer": "4", "difficulty": 1},
     "stepwise": {"prompt": "2+2=", "steps": ["2+2", "=4"], "labels": [1, 1]},
+    "ranking": {"prompt": "2+2=", "completions": ["4", "Four.", "5"]},
     "prompt": {"prompt": "2+2=", "source": "gsm"},
 }
 
@@ -49,6 +50,16 @@ def test_normalisation_keeps_extras_and_coerces():
     assert out[0]["label"] is False
 
 
+def test_ranking_ranks_become_dense_and_chat_completions_are_checked():
+    out = validate_records([{"prompt": "p", "completions": ["a", "b", "c"], "ranks": [5, -1, 5], "id": 1}],
+                           "ranking", "<list>")
+    assert out == [{"prompt": "p", "completions": ["a", "b", "c"], "ranks": [1, 0, 1], "id": 1}]
+    chat = {"prompt": [USER], "completions": [[ASSISTANT], [{"role": "assistant", "content": "5"}]]}
+    assert validate_records([chat], None, "<list>")[0]["completions"][1][0]["content"] == "5"
+    with pytest.raises(DataError, match=r"completions\[1\]\[0\]\.role.*assistant"):
+        validate_records([{**chat, "completions": [[ASSISTANT], [USER]]}], "ranking", "<list>")
+
+
 def test_mixed_formats_are_rejected_when_detecting():
     with pytest.raises(DataError, match=r"<list>, row 2: .*'prompt_completion'.*row 1 is 'text'"):
         validate_records([ROWS["text"], ROWS["prompt_completion"]], None, "<list>")
@@ -76,6 +87,15 @@ def test_undetectable_row():
         ("stepwise", {"prompt": "p", "steps": ["a", "b"], "labels": [1]}, "labels", "does not match"),
         ("stepwise", {"prompt": "p", "steps": ["a"], "labels": [0.5]}, "labels[0]", "expected a bool or int"),
         ("unpaired", {"prompt": "p", "completion": "c", "label": "yes"}, "label", "expected a bool"),
+        ("ranking", {"prompt": "p", "completions": ["a"]}, "completions", "at least 2 completions (best first), got a list of 1"),
+        ("ranking", {"prompt": "p", "completions": "a"}, "completions", "at least 2 completions (best first), got str"),
+        ("ranking", {"prompt": "p", "completions": ["a", 3]}, "completions[1]", "expected a string, got int"),
+        ("ranking", {"prompt": "p", "completions": ["a", [ASSISTANT]]}, "completions[1]", "a string like the prompt"),
+        ("ranking", {"prompt": "p", "completions": ["a", "b", "a"]}, "completions[2]", "duplicates completions[0]"),
+        ("ranking", {"prompt": "p", "completions": ["a", " "]}, "completions[1]", "empty text"),
+        ("ranking", {"prompt": "p", "completions": ["a", "b"], "ranks": [1]}, "ranks", "list of 2 ints"),
+        ("ranking", {"prompt": "p", "completions": ["a", "b"], "ranks": [1, 1.5]}, "ranks[1]", "int rank"),
+        ("ranking", {"prompt": "p", "completions": ["a", "b"], "ranks": [2, 2]}, "ranks", "same rank"),
         ("prompt_completion", {"prompt": [USER], "completion": "4"}, "completion", "mixes raw strings"),
         ("prompt_completion", {"prompt": [USER], "completion": [USER]}, "completion[0].role", "assistant"),
     ],

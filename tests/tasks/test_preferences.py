@@ -11,6 +11,7 @@ from tether.tasks.base import extract_answer
 from tether.tasks.preferences import (
     completion_steps,
     preference_records,
+    ranking_records,
     split_pairs,
     stepwise_records,
     unpaired_records,
@@ -131,3 +132,31 @@ def test_chat_pairs():
     r = preference_records(TASK, 1, chat=True)[0]
     assert r["prompt"][0]["role"] == "user" and r["chosen"][0]["role"] == "assistant"
     validate_records([r], "preference", "<gen>")
+
+
+def answer_of(completion: str) -> str:
+    """The number a (possibly padded) completion ends on."""
+    return re.findall(r"\d+", extract_answer(completion))[-1]
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
+def test_ranking_records_rank_by_correctness_then_conciseness(k):
+    records = ranking_records(TASK, 60, completions=k, seed=2)
+    assert validate_records(records, "ranking", "<gen>")  # distinct answers, dense ranks
+    for r in records:
+        answer = str(eval(r["prompt"][:-1]))
+        assert r["ranks"] == (sorted([0, 1, 2, 3, 2, 3][:k]) if k > 4 else list(range(k)))
+        for completion, rank in zip(r["completions"], r["ranks"], strict=True):
+            assert (answer_of(completion) == answer) == (rank < 2)  # correct first
+            padded = rank % 2 == 1  # then concise before padded
+            assert (extract_answer(completion) != answer_of(completion)) == padded
+    train = {r["prompt"] for r in records}
+    assert not train & {r["prompt"] for r in ranking_records(TASK, 30, completions=k, split="eval")}
+
+
+def test_ranking_records_chat_and_bad_k():
+    r = ranking_records(TASK, 1, completions=3, chat=True)[0]
+    assert r["prompt"][0]["role"] == "user" and [c[0]["role"] for c in r["completions"]] == ["assistant"] * 3
+    validate_records([r], "ranking", "<gen>")
+    with pytest.raises(ValueError, match="2 to 6"):
+        ranking_records(TASK, 1, completions=7)

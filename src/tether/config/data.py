@@ -68,12 +68,15 @@ class PreferenceTaskSource(TaskSpec):
     seed: int = Field(0, description="which records are drawn")
     chat: bool = Field(False, description="records as chat messages instead of prompt / completion text")
     eval_n: int = Field(200, ge=0, description="held-out records from the task's eval split")
-    kind: Literal["correctness", "style", "mixed", "stepwise"] | None = Field(
-        None, description="pairs (correctness / style / mixed) or stepwise traces; default by stage")
+    kind: Literal["correctness", "style", "mixed", "stepwise", "ranking"] | None = Field(
+        None, description="pairs (correctness / style / mixed), stepwise traces or K-way rankings; default by "
+                          "stage")
     errors: list[Literal["slip", "dropped_carry", "answer"]] = Field(
         default_factory=lambda: list(PREFERENCE_ERRORS), min_length=1,
         description="kinds of mistake in wrong completions / steps (tether.tasks.preferences.wrong_addition)")
     wrong_fraction: float = Field(0.5, ge=0, le=1, description="stepwise: share of traces with a wrong step")
+    completions: int = Field(4, ge=2, le=6, description="ranking: answers per prompt, K (ranked by correctness, "
+                                                        "then conciseness)")
 
 
 class PairDataConfig(DataConfig):

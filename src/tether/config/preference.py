@@ -29,11 +29,13 @@ HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "nll_norm", "simpo_gamma", "l
 
 
 class RewardModelConfig(StageConfig):
-    """An outcome reward model (Bradley-Terry on pairs) or, with ``process``, a process reward model."""
+    """An outcome reward model (Bradley-Terry on pairs or K-way rankings) or, with ``process``, a process
+    reward model."""
 
     type: Literal["rm"] = Field("rm", description="the stage type")
     data: PairDataConfig = Field(default_factory=lambda: PairDataConfig(task=PreferenceTaskSource()),
-                                 description="preference pairs (or stepwise traces for a process RM)")
+                                 description="preference pairs or rankings (data.format: ranking), or stepwise "
+                                             "traces for a process RM")
     process: bool = Field(False, description="process reward model on stepwise records")
     step_separator: str = Field("\n", min_length=1, description="appended after every step (process RM)")
     aggregation: str = Field("min", description="step-score aggregation (process RM): min, product, last, mean")
@@ -46,15 +48,26 @@ class RewardModelConfig(StageConfig):
         if self.eval is not None:
             raise ValueError("a reward model stage has no task evaluation ('eval'): it is evaluated on "
                              "held-out pairs (data.task.eval_n, data.eval_path or data.eval_fraction)")
-        expected = "stepwise" if self.process else "preference"
-        if self.data.format not in (None, expected):
+        expected = ("stepwise",) if self.process else ("preference", "ranking")
+        if self.data.format not in (None, *expected):
             raise ValueError(f"data.format is {self.data.format!r} but a {'process' if self.process else 'outcome'} "
-                             f"reward model trains on {expected!r} records")
+                             f"reward model trains on {' or '.join(map(repr, expected))} records")
         kind = self.data.task.kind if self.data.task is not None else None
         if kind is not None and (kind == "stepwise") != self.process:
             raise ValueError(f"data.task.kind {kind!r} does not fit process={self.process}: a process reward "
-                             "model trains on 'stepwise' records, an outcome one on pairs")
+                             "model trains on 'stepwise' records, an outcome one on pairs or rankings")
+        if kind is not None and self.data.format is not None and (kind == "ranking") != (self.data.format == "ranking"):
+            raise ValueError(f"data.task.kind {kind!r} makes no {self.data.format!r} records; set data.format: ranking "
+                             "with data.task.kind: ranking (or leave one unset)")
         return self
+
+    def record_format(self) -> str:
+        """The records this stage trains on: ``stepwise`` (process), ``ranking`` (``data.format`` or
+        ``data.task.kind`` says so) or ``preference``."""
+        if self.process:
+            return "stepwise"
+        kind = self.data.task.kind if self.data.task is not None else None
+        return "ranking" if "ranking" in (self.data.format, kind) else "preference"
 
 
 class PreferenceLossConfig(StrictModel):
@@ -173,8 +186,8 @@ class DPOConfig(PreferenceLossConfig, StageConfig):
 
     @model_validator(mode="after")
     def _check_data(self) -> DPOConfig:
-        if self.data.task is not None and self.data.task.kind == "stepwise":
-            raise ValueError("data.task.kind 'stepwise' is for process reward models; use correctness, style "
+        if self.data.task is not None and self.data.task.kind in ("stepwise", "ranking"):
+            raise ValueError(f"data.task.kind {self.data.task.kind!r} is for reward models; use correctness, style "
                              "or mixed")
         return self
 

@@ -1,4 +1,5 @@
-"""Reward-model math: the Bradley-Terry pairwise loss (outcome RMs) and step-score aggregation (PRMs)."""
+"""Reward-model math: the Bradley-Terry pairwise loss and its K-way ranking form (outcome RMs), and
+step-score aggregation (PRMs)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def bradley_terry_loss(
     Reward centring (Eisenstein et al. 2023, "Helping or Herding?") adds
     ``center_coef · mean((r_c + r_r)²)`` to pin the unidentified offset of the rewards near 0,
     as TRL's ``center_rewards_coefficient``. InstructGPT averages over all K-choose-2 pairs of a
-    prompt in one batch element; here each row is one pair and the loss is the plain batch mean.
+    prompt in one batch element (``ranking_loss``); here each row is one pair and the loss is the plain
+    batch mean.
 
     Args:
         chosen_rewards: shape (B,), scalar rewards of the preferred completions.
@@ -54,6 +56,88 @@ def bradley_terry_loss(
         "rewards/mean": both.mean(),
         # population std: defined for B = 1, and a diagnostic rather than an estimator
         "rewards/std": both.std(correction=0),
+    }
+    return loss, metrics
+
+
+def ranking_pairs(ranks: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The comparisons a ranking makes: ``better[b, i, j]`` is True when answer i of prompt b is ranked
+    above answer j (lower rank is better) and both are valid under ``mask``. Equal ranks tie and make
+    no pair, so K answers without ties give all K(K-1)/2 pairs.
+
+    Args:
+        ranks: shape (B, K), integer or float ranks, 0 (or any lowest value) the best.
+        mask: shape (B, K), the valid answers of each prompt (ragged K); None: all valid.
+
+    Returns:
+        shape (B, K, K), bool.
+    """
+    better = ranks[:, :, None] < ranks[:, None, :]
+    if mask is not None:
+        mask = mask.bool()
+        better = better & mask[:, :, None] & mask[:, None, :]
+    return better
+
+
+def top_is_best(scores: Tensor, ranks: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Shape (B,), bool: whether each prompt's top-scored valid answer is one of its best-ranked ones."""
+    valid = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask.bool()
+    top = torch.where(valid, scores, torch.full_like(scores, float("-inf"))).argmax(-1, keepdim=True)
+    return ranks.gather(-1, top).squeeze(-1) == torch.where(valid, ranks, ranks.max() + 1).amin(-1)
+
+
+def ranking_loss(
+    scores: Tensor,
+    ranks: Tensor,
+    mask: Tensor | None = None,
+    *,
+    center_coef: float = 0.0,
+) -> tuple[Tensor, Metrics]:
+    """Bradley-Terry loss over every comparison of K ranked answers to one prompt, prompts weighted equally.
+
+    Ouyang et al. 2022 (InstructGPT), Sec. 3.5 / Eq. 1:
+    ``loss = -1/C(K,2) · E_x Σ_{(y_w, y_l)} log σ(r(x, y_w) - r(x, y_l))``: all comparisons of a
+    prompt form one batch element, so each answer is scored once and a prompt's C(K,2) correlated
+    pairs count as one example (the paper's fix for overfitting when they are shuffled as separate
+    pairs). Here the normaliser is the prompt's number of untied pairs (C(K,2) without ties, so
+    ragged K and ties are allowed), and the loss is the mean over prompts. ``center_coef`` adds
+    ``center_coef · mean_x mean_pairs (r_w + r_l)²`` (reward centring as in ``bradley_terry_loss``).
+    With K = 2 this is ``bradley_terry_loss``.
+
+    Args:
+        scores: shape (B, K), rewards of the answers (padding anywhere under ``mask``).
+        ranks: shape (B, K), lower is better; equal ranks tie.
+        mask: shape (B, K), valid answers; None: all valid.
+        center_coef: weight of the centring penalty (0 disables it).
+
+    Returns:
+        ``(loss, metrics)``: ``accuracy`` (fraction of all pairs with r_w > r_l), ``margin`` (mean
+        r_w - r_l over pairs), ``rewards/chosen`` / ``rewards/rejected`` (mean of winners / losers
+        over pairs), ``best_accuracy`` (fraction of prompts whose top-scored answer is a best-ranked
+        one), ``rewards/mean`` / ``rewards/std`` over the valid answers.
+    """
+    valid = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask.bool()
+    better = ranking_pairs(ranks, valid)
+    count = better.sum((1, 2))
+    if bool((count == 0).any()):
+        raise ValueError("ranking_loss: a prompt has no untied pair of valid answers; drop prompts whose answers "
+                         "all share one rank")
+    winners, losers = scores[:, :, None].expand(better.shape), scores[:, None, :].expand(better.shape)
+    diff = torch.where(better, winners - losers, torch.zeros_like(winners))  # padding never reaches the loss
+    per_prompt = -(F.logsigmoid(diff) * better).sum((1, 2)) / count
+    loss = per_prompt.mean()
+    if center_coef:
+        total = torch.where(better, winners + losers, torch.zeros_like(winners)) ** 2
+        loss = loss + center_coef * (total.sum((1, 2)) / count).mean()
+    answers = scores.detach()[valid]
+    metrics = {
+        "accuracy": (diff.detach()[better] > 0).float().mean(),
+        "margin": diff.detach()[better].mean(),
+        "rewards/chosen": winners.detach()[better].mean(),
+        "rewards/rejected": losers.detach()[better].mean(),
+        "best_accuracy": top_is_best(scores.detach(), ranks, valid).float().mean(),
+        "rewards/mean": answers.mean(),
+        "rewards/std": answers.std(correction=0),
     }
     return loss, metrics
 

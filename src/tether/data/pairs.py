@@ -1,5 +1,5 @@
-"""Preference data: loading pairs leniently, synthetic pairs from a task, and tokenising pairs, unpaired
-records and stepwise traces for the reward-model and preference trainers.
+"""Preference data: loading pairs leniently, synthetic pairs from a task, and tokenising pairs, rankings,
+unpaired records and stepwise traces for the reward-model and preference trainers.
 
 Loading drops (and counts) pairs whose chosen equals their rejected and records with an empty
 completion, which are common in scraped data and carry no signal; any other bad row is an error
@@ -121,8 +121,11 @@ def pair_data(data: PairDataConfig, *, kind: str, format: str | None, unpaired: 
     task = get_task(source.name, **source.options)
     kind = source.kind or kind
     common = {"seed": source.seed, "errors": source.errors}
-    if kind == "stepwise":
+    if kind in ("stepwise", "ranking"):
         def make(n: int, split: str) -> list[dict]:
+            if kind == "ranking":
+                return synthetic.ranking_records(task, n, split=split, completions=source.completions,
+                                                 chat=source.chat, **common)
             return synthetic.stepwise_records(task, n, split=split, wrong_fraction=source.wrong_fraction, **common)
         return make(source.n, "train"), (make(source.eval_n, "eval") if source.eval_n else []), {}
     train_fn = synthetic.unpaired_records if unpaired else synthetic.preference_records
@@ -193,6 +196,42 @@ def tokenize_pairs(records: Sequence[dict], tokenizer: Any, *, max_length: int, 
                             row=i + 1)
         pairs.append(PairExample(chosen, rejected, margin, None if wins[0] is None else (wins[0], wins[1])))
     return pairs, stats
+
+
+@dataclass
+class RankingExample:
+    """A prompt's tokenised answers, best first, and their ranks (0 the best; equal ranks tie)."""
+
+    completions: list[TokenizedExample]
+    ranks: list[int]
+
+
+def tokenize_rankings(records: Sequence[dict], tokenizer: Any, *, max_length: int, overflow: str = "truncate"
+                      ) -> tuple[list[RankingExample], dict[str, int]]:
+    """Each answer of a ranking record as an SFT-style example (prompt masked, completion + eos).
+
+    Ranks default to the listed order (best first). An answer that loses every completion token to
+    ``max_length`` (or any, with ``overflow="drop"``) is left out, as is one whose tokens equal a better
+    ranked answer's; a record left without two ranks (no pair) is dropped as ``overflow`` or ``identical``.
+    """
+    examples, stats = [], {"overflow": 0, "identical": 0}
+    for record in records:
+        ranks = record.get("ranks") or list(range(len(record["completions"])))
+        kept: list[tuple[TokenizedExample, int]] = []
+        seen, overflowed = set(), False
+        for i in sorted(range(len(ranks)), key=ranks.__getitem__):
+            example = _completion_example(record["prompt"], record["completions"][i], record, tokenizer,
+                                          max_length, overflow)
+            if example is None or tuple(example.input_ids) in seen:
+                overflowed |= example is None
+                continue
+            seen.add(tuple(example.input_ids))
+            kept.append((example, ranks[i]))
+        if len({rank for _, rank in kept}) < 2:
+            stats["overflow" if overflowed else "identical"] += 1
+            continue
+        examples.append(RankingExample([e for e, _ in kept], [rank for _, rank in kept]))
+    return examples, stats
 
 
 @dataclass

@@ -11,13 +11,15 @@ preference         ``prompt`` (optional), ``chosen``, ``rejected``
 unpaired           ``prompt``, ``completion``, ``label`` (bool; KTO-style)
 prompt_answer      ``prompt``, ``answer``; any extra columns are kept (RL with a checker)
 stepwise           ``prompt``, ``steps`` (list of str), ``labels`` (list of bool/int, same length)
+ranking            ``prompt``, ``completions`` (K >= 2, best first), optional ``ranks`` (ints, lower
+                   is better, equal ranks tie) when the list is not in order or has ties
 =================  =======================================================================
 
 Every validator returns a new, normalised dict and keeps columns it does not know.
 Normalisation: ``None``-valued optional columns count as absent (Arrow fills missing keys
 with None); ``None``-valued keys inside messages are dropped; ``answer`` becomes a string;
 ``unpaired.label`` becomes a bool; a preference row with no prompt has it split off (see
-``split_implicit_prompt``).
+``split_implicit_prompt``); ``ranking.ranks`` become dense ranks 0, 1, ... (0 the best, order kept).
 
 Bad rows raise :class:`DataError`, whose message names the source, the 1-based row (or the
 line, for jsonl) and the field.
@@ -244,6 +246,47 @@ def _validate_preference(row: dict) -> dict:
             **_extras(row, ["prompt", "chosen", "rejected"])}
 
 
+@FORMATS.register("ranking")
+def _validate_ranking(row: dict) -> dict:
+    """K >= 2 distinct completions of one prompt, best first, or ordered by ``ranks``."""
+    prompt = _text_or_messages(_require(row, "prompt"), "prompt")
+    completions = _require(row, "completions")
+    if not isinstance(completions, list) or len(completions) < 2:
+        got = f"a list of {len(completions)}" if isinstance(completions, list) else _type_name(completions)
+        raise _FieldError("completions", f"expected a list of at least 2 completions (best first), got {got}")
+    kind = "a list of messages" if isinstance(prompt, list) else "a string"
+    out: list[Any] = []
+    for i, completion in enumerate(completions):
+        where = f"completions[{i}]"
+        if isinstance(completion, list) != isinstance(prompt, list):
+            raise _FieldError(where, f"expected {kind} like the prompt, got {_type_name(completion)}")
+        completion = _text_or_messages(completion, where)
+        if isinstance(completion, list):
+            _completion_messages(completion, where)
+        if completion in out:
+            raise _FieldError(where, f"duplicates completions[{out.index(completion)}]; list each answer once "
+                                     "(tie different answers with equal 'ranks')")
+        out.append(completion)
+    normalised = {"prompt": prompt, "completions": out}
+    if _present(row, "ranks"):
+        normalised["ranks"] = _dense_ranks(row["ranks"], len(out))
+    return {**normalised, **_extras(row, ["prompt", "completions", "ranks"])}
+
+
+def _dense_ranks(ranks: Any, k: int) -> list[int]:
+    if not isinstance(ranks, list) or len(ranks) != k:
+        got = f"length {len(ranks)}" if isinstance(ranks, list) else _type_name(ranks)
+        raise _FieldError("ranks", f"expected a list of {k} ints (one per completion, lower is better), got {got}")
+    for i, rank in enumerate(ranks):
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise _FieldError(f"ranks[{i}]", f"expected an int rank (lower is better), got {_type_name(rank)}")
+    levels = sorted(set(ranks))
+    if len(levels) < 2:
+        raise _FieldError("ranks", "every completion has the same rank, so there is no pair to learn from; "
+                                   "give the better ones lower ranks")
+    return [levels.index(r) for r in ranks]
+
+
 # ---------------------------------------------------------------- implicit prompts
 
 _WORD = re.compile(r"\w")
@@ -293,6 +336,7 @@ def split_implicit_prompt(chosen: str | list[dict], rejected: str | list[dict]) 
 _SIGNATURES: list[tuple[str, tuple[str, ...]]] = [
     ("preference", ("chosen", "rejected")),
     ("stepwise", ("steps", "labels")),
+    ("ranking", ("prompt", "completions")),
     ("unpaired", ("prompt", "completion", "label")),
     ("prompt_completion", ("prompt", "completion")),
     ("chat", ("messages",)),

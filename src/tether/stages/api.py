@@ -89,7 +89,8 @@ def _pair_inputs(dataset: Any, eval_dataset: Any, train_format: Callable[[Any], 
 def train_reward_model(config: RewardModelConfig | dict, *, out: str | Path, model: Any = None,
                        tokenizer: Any = None, dataset: Any = None, eval_dataset: Any = None,
                        resume: bool = False) -> dict[str, float]:
-    """Train an outcome (pairs) or process (``config.process``, stepwise records) reward model.
+    """Train an outcome (pairs, or rankings with ``data.format: ranking``) or process (``config.process``,
+    stepwise records) reward model.
 
     ``model``: None (``config.model``), a path / hub id (an SFT checkpoint gets a new score head),
     or a loaded ``*ForSequenceClassification`` model with its ``tokenizer``. ``dataset`` /
@@ -97,9 +98,7 @@ def train_reward_model(config: RewardModelConfig | dict, *, out: str | Path, mod
     Writes the model to ``out/<stage>`` (reload with ``AutoModelForSequenceClassification`` or
     ``RewardModelScorer``) and returns the held-out figures.
     """
-    def fmt(cfg: RewardModelConfig) -> str:
-        return "stepwise" if cfg.process else "preference"
-
+    fmt = RewardModelConfig.record_format
     return run_trainer(RewardModelTrainer, RewardModelConfig, config, out=out, model=model, tokenizer=tokenizer,
                        resume=resume, loader=load_reward_model, inputs=_pair_inputs(dataset, eval_dataset, fmt, fmt))
 

@@ -16,6 +16,10 @@ problem: pass ``split="eval"`` for evaluation records.
   * ``mixed``: alternately one of each.
 
 - ``unpaired_records``: the same pairs split into ``{prompt, completion, label}`` (KTO).
+- ``ranking_records``: ``{prompt, completions, ranks}`` with K = 2..6 answers ranked by correctness,
+  then conciseness: the correct completion (rank 0) > it padded with filler words (1) > a wrong one
+  (an error as in ``correctness``; 2) > that one padded (3); a fifth and sixth answer are a second,
+  different wrong one and it padded, tied with ranks 2 and 3 (ties make no pair).
 - ``stepwise_records``: ``{prompt, steps, labels}`` for a process reward model. The steps are the
   completion cut at ``|``, the separator the arithmetic traces already use, so a generated
   completion split the same way is scored exactly as the model was trained:
@@ -146,7 +150,9 @@ def _chat(record: dict, fields: tuple[str, ...]) -> dict:
     out = dict(record)
     out["prompt"] = [{"role": "user", "content": record["prompt"]}]
     for f in fields:
-        out[f] = [{"role": "assistant", "content": record[f]}]
+        value = record[f]
+        out[f] = ([[{"role": "assistant", "content": v}] for v in value] if isinstance(value, list)
+                  else [{"role": "assistant", "content": value}])
     return out
 
 
@@ -213,4 +219,41 @@ def stepwise_records(task: Task, n: int, *, seed: int = 0, split: str = "train",
         # the tags ride on the first and last step, so joining the steps with "|" gives the completion
         text_steps = completion_steps(_join(steps))
         records.append({"prompt": problem.prompt, "steps": text_steps, "labels": labels})
+    return records
+
+
+def _padded(steps: list[str], rng: random.Random) -> str:
+    """Column steps + answer -> the ``_join`` layout with the answer padded by filler words."""
+    return f"{THINK_OPEN}{''.join(st + STEP_SEPARATOR for st in steps[:-1])}{THINK_CLOSE}{rng.choice(FILLERS)}{steps[-1]}."
+
+
+def ranking_records(task: Task, n: int, *, seed: int = 0, split: str = "train", completions: int = 4,
+                    errors: Sequence[str] = ERRORS, chat: bool = False, eval_fraction: float = 0.1) -> list[dict]:
+    """``n`` ranking records ``{prompt, completions, ranks, kind}``, best first; see the module docstring.
+
+    ``completions``: K, 2 to 6. A second wrong answer (K >= 5) is drawn until it differs from the
+    first; a task whose problem admits no second one gets a record with fewer answers.
+    """
+    if not 2 <= completions <= 6:
+        raise ValueError(f"completions must be 2 to 6 answers per prompt, got {completions}")
+    _check_errors(errors)
+    problems = draw_problems(task, n, seed=seed, split=split, eval_fraction=eval_fraction)
+    rng = random.Random(f"ranking:{task.name}:{completions}:{split}:{seed}")
+    records = []
+    for problem in problems:
+        correct = [*[st for st in problem.reasoning.split(STEP_SEPARATOR) if st], problem.answer]
+        answers = [(format_completion(problem, think=True), 0), (_padded(correct, rng), 1)]
+        wrong: list[list[str]] = []
+        for _ in range(20 if completions > 2 else 0):
+            steps = _wrong_completion(problem, rng, errors)[0]
+            if steps not in wrong:
+                wrong.append(steps)
+            if len(wrong) == (2 if completions > 4 else 1):
+                break
+        for steps in wrong:
+            answers += [(_join(steps), 2), (_padded(steps, rng), 3)]
+        answers = sorted(answers[:completions], key=lambda a: a[1])
+        record = {"prompt": problem.prompt, "completions": [a for a, _ in answers], "ranks": [r for _, r in answers],
+                  "kind": "ranking"}
+        records.append(_chat(record, ("completions",)) if chat else record)
     return records

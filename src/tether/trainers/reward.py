@@ -4,8 +4,12 @@ Outcome (``process: false``): a scalar head read at the last token of prompt + c
 the Bradley-Terry loss ``-log σ(r_c - r_r - m)`` (InstructGPT, Ouyang et al. 2022, Eq. 1; the
 per-pair margin m of Llama 2 when records carry a ``margin`` column) with optional reward
 centring. Chosen and rejected of a micro-batch go through the model in one packed forward pass.
-Unlike InstructGPT, which puts all K-choose-2 comparisons of a prompt in one batch element,
-each record is one pair and the loss is the mean over the pairs of the global batch.
+Pair records: each record is one pair and the loss is the mean over the pairs of the global batch.
+Ranking records (``data.format: ranking``, ``{prompt, completions, ranks}``) are batched as
+InstructGPT (Sec. 3.5): a record is one batch element holding all K(K-1)/2 comparisons of its
+prompt (tied answers make none), each of its K answers goes through the model once, and the loss
+is ``-1/C(K,2) Σ_pairs log σ(r_w - r_l)`` per prompt (``ranking_loss``), averaged over the prompts
+of the global batch; ``train.batch_size`` then counts prompts, not pairs.
 
 Process (``process: true``): stepwise records ``{prompt, steps, labels}`` are laid out as
 ``prompt + step_1 + sep + step_2 + sep + ...``; the head's logit at the last token of each
@@ -14,9 +18,10 @@ Math-Shepherd, Wang et al. 2024, with its tag token; Lightman et al. 2023 predic
 step's last token). Step scores sigmoid(logit) are aggregated into a trajectory score with a
 ``STEP_AGGREGATIONS`` entry (``aggregation``, default ``min``) by the scorer.
 
-Held-out figures: pairwise accuracy, mean margin and reward mean / std (outcome); step accuracy,
-step BCE and trajectory accuracy (aggregated score > 0.5 against "every step good"), with the
-share of good steps and trajectories as their majority-class baselines (process).
+Held-out figures: pairwise accuracy (over all pairs of a ranking), mean margin and reward mean / std,
+and for rankings ``best_accuracy``, the share of prompts whose top-scored answer is a best one
+(outcome); step accuracy, step BCE and trajectory accuracy (aggregated score > 0.5 against "every
+step good"), with the share of good steps and trajectories as their majority-class baselines (process).
 
 Pair data (lenient loading, synthetic pairs, tokenisation) is :mod:`tether.data.pairs`; the step ->
 micro-batches schedule is :mod:`tether.data.schedule`.
@@ -33,8 +38,16 @@ import torch
 import torch.nn.functional as F
 
 from tether.config.preference import RewardModelConfig
-from tether.core.reward import STEP_AGGREGATIONS, bradley_terry_loss
-from tether.data.pairs import PairExample, StepExample, pair_data, tokenize_pairs, tokenize_stepwise
+from tether.core.reward import STEP_AGGREGATIONS, bradley_terry_loss, ranking_loss, ranking_pairs, top_is_best
+from tether.data.pairs import (
+    PairExample,
+    RankingExample,
+    StepExample,
+    pair_data,
+    tokenize_pairs,
+    tokenize_rankings,
+    tokenize_stepwise,
+)
 from tether.data.schedule import BatchSchedule, chunks
 from tether.data.schemas import DataError
 from tether.evaluation import with_intervals
@@ -53,10 +66,11 @@ class RewardModelTrainer(Trainer):
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
         set_reward_info(model, process=cfg.process, step_separator=cfg.step_separator, aggregation=cfg.aggregation)
-        fmt = "stepwise" if cfg.process else "preference"
+        fmt = cfg.record_format()
+        self.ranking = fmt == "ranking"
         counts: dict[str, int] = dict(dropped or {})
         if records is None:
-            records, default_eval, counts = pair_data(cfg.data, kind=fmt if cfg.process else "correctness",
+            records, default_eval, counts = pair_data(cfg.data, kind=fmt if fmt != "preference" else "correctness",
                                                       format=fmt)
             eval_records = default_eval if eval_records is None else eval_records
         self.examples, stats = self._tokenize(records)
@@ -83,7 +97,8 @@ class RewardModelTrainer(Trainer):
         if cfg.process:
             return tokenize_stepwise(records, self.tokenizer, separator=cfg.step_separator,
                                      max_length=cfg.data.max_length)
-        return tokenize_pairs(records, self.tokenizer, max_length=cfg.data.max_length, overflow=cfg.data.overflow)
+        tokenize = tokenize_rankings if self.ranking else tokenize_pairs
+        return tokenize(records, self.tokenizer, max_length=cfg.data.max_length, overflow=cfg.data.overflow)
 
     # ---- scores -----------------------------------------------------------------------------------
     def pair_rewards(self, pairs: Sequence[PairExample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +108,19 @@ class RewardModelTrainer(Trainer):
                                  row_tokens=self.config.data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
                                  packing=self.config.data.packing)
         return scores[: len(pairs)], scores[len(pairs):]
+
+    def ranking_rewards(self, examples: Sequence[RankingExample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rewards of every answer, their ranks and the valid-answer mask, shape (B, K_max) each: the
+        answers of all prompts go through the model in one packed forward pass, each answer once."""
+        sequences = [c.input_ids for e in examples for c in e.completions]
+        flat = score_positions(self.model, sequences, [[len(s) - 1] for s in sequences],
+                               row_tokens=self.config.data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
+                               packing=self.config.data.packing)
+        sizes = torch.tensor([len(e.ranks) for e in examples])
+        mask = (torch.arange(int(sizes.max()))[None, :] < sizes[:, None]).to(flat.device)
+        ranks = torch.zeros(mask.shape, dtype=torch.long)
+        ranks[mask.cpu()] = torch.tensor([r for e in examples for r in e.ranks])
+        return flat.new_zeros(mask.shape).masked_scatter(mask, flat), ranks.to(flat.device), mask
 
     def step_logits(self, examples: Sequence[StepExample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Step logits and labels, flat (P,), and the step count of each example (B,)."""
@@ -111,6 +139,10 @@ class RewardModelTrainer(Trainer):
         loss, metrics = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=self.config.center_coef)
         return loss * len(pairs) / global_pairs, metrics
 
+    def ranked_loss(self, examples: Sequence[RankingExample], global_prompts: float) -> tuple[torch.Tensor, dict]:
+        loss, metrics = ranking_loss(*self.ranking_rewards(examples), center_coef=self.config.center_coef)
+        return loss * len(examples) / global_prompts, metrics
+
     def process_loss(self, examples: Sequence[StepExample], global_steps: float) -> tuple[torch.Tensor, dict]:
         logits, labels, _ = self.step_logits(examples)
         loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / global_steps
@@ -123,8 +155,9 @@ class RewardModelTrainer(Trainer):
         if self.config.process:
             denominator = self.global_count(sum(len(e.positions) for g in groups for e in g))
             return self.optimizer_step(groups, lambda g: self.process_loss(g, denominator))
-        denominator = self.global_count(sum(len(g) for g in groups))
-        return self.optimizer_step(groups, lambda g: self.outcome_loss(g, denominator))
+        denominator = self.global_count(sum(len(g) for g in groups))  # pairs, or prompts of rankings
+        loss_fn = self.ranked_loss if self.ranking else self.outcome_loss
+        return self.optimizer_step(groups, lambda g: loss_fn(g, denominator))
 
     # ---- evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -134,6 +167,8 @@ class RewardModelTrainer(Trainer):
             return {}
         self.model.eval()
         size = self.config.train.batch_size
+        if self.ranking:
+            return self._evaluate_rankings(size)
         if not self.config.process:
             scores = [self.pair_rewards(c) for c in chunks(self.eval_examples, size)]
             chosen, rejected = torch.cat([s[0] for s in scores]), torch.cat([s[1] for s in scores])
@@ -162,4 +197,21 @@ class RewardModelTrainer(Trainer):
                                "step_good_fraction": float(labels.mean()),
                                "trajectory_good_fraction": float(trajectory_good.float().mean())},
                               {"step_accuracy": step_hits.tolist(), "trajectory_accuracy": trajectory_hits.tolist()},
+                              count=None)
+
+    def _evaluate_rankings(self, size: int) -> dict[str, float]:
+        """Held-out figures of ranking records: over all untied pairs (accuracy, margin, rewards of winners and
+        losers), over prompts (``best_accuracy``) and answers (reward mean / std); the ranking loss. The
+        pairwise interval treats a prompt's pairs as independent, so it is narrower than it should be."""
+        parts = [self.ranking_rewards(c) for c in chunks(self.eval_examples, size)]
+        width = max(p[0].shape[1] for p in parts)
+        scores, ranks, mask = (torch.cat([F.pad(p[i], (0, width - p[i].shape[1])) for p in parts]) for i in range(3))
+        loss, m = ranking_loss(scores, ranks, mask)
+        better = ranking_pairs(ranks, mask)
+        pair_hits = ((scores[:, :, None] - scores[:, None, :])[better] > 0).float()
+        best_hits = top_is_best(scores, ranks, mask).float()
+        figures = {"pairwise_accuracy": float(m["accuracy"]), "best_accuracy": float(m["best_accuracy"]),
+                   "margin": float(m["margin"]), "loss": float(loss), "pairs": float(better.sum())}
+        figures.update({k: float(m[k]) for k in ("rewards/chosen", "rewards/rejected", "rewards/mean", "rewards/std")})
+        return with_intervals(figures, {"pairwise_accuracy": pair_hits.tolist(), "best_accuracy": best_hits.tolist()},
                               count=None)
