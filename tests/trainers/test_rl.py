@@ -210,3 +210,38 @@ def test_dapo_overlong_filtering_masks_only_truncated_completions(tmp_path, mask
         assert (kept[truncated] == 0).all() and (kept[~truncated] > 0).all()
     else:
         assert (kept > 0).all()
+
+
+def test_process_supervised_grpo_raises_the_step_scores(tmp_path, monkeypatch):
+    """grpo_process reads a process reward model's score of every step (here a stub scoring a step by its
+    share of digits, so the effect is known) and raises it; the real PRM path loads and runs (last step)."""
+    import tether.trainers.process_supervision as process_module
+    from tether.models.reward_model import build_tiny_reward_model, set_reward_info
+
+    prm, tok = build_tiny_reward_model()
+    set_reward_info(prm, process=True, step_separator=" ", aggregation="min")
+    prm.save_pretrained(tmp_path / "prm")
+    tok.save_pretrained(tmp_path / "prm")
+    cfg = config(advantage="grpo_process", process_reward={"path": str(tmp_path / "prm")}, kl={"coef": 0.0})
+    t = trainer(tmp_path / "run", cfg)
+    real = run_steps(t, 1)[0]
+    assert real["process/steps_mean"] >= 1 and "process/step_score_mean" in real
+
+    class DigitSteps:  # a step's score: its share of digits
+        step_separator = " "
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def step_scores(self, prompts, completions):
+            return [[sum(c.isdigit() for c in s) / len(s) for s in text.split(" ") if s.strip()]
+                    for text in completions]
+
+    monkeypatch.setattr(process_module, "RewardModelScorer", DigitSteps)
+    t = trainer(tmp_path / "stub", cfg)
+    scores = [m["process/step_score_mean"] for m in run_steps(t, 10)]
+    assert sum(scores[-2:]) / 2 > sum(scores[:2]) / 2 + 0.1, scores
+    with pytest.raises(ValueError, match="process_reward"):
+        config(advantage="grpo_process")
+    with pytest.raises(ValueError, match="not 'grpo'"):
+        config(process_reward={"path": "x"})

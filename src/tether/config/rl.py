@@ -145,6 +145,13 @@ class CriticConfig(StrictModel):
                                                    "value loss of fresh rollouts); the actor is frozen")
 
 
+class ProcessRewardConfig(StrictModel):
+    """The process reward model whose step scores a process-supervised estimator (``grpo_process``) reads."""
+
+    path: str = Field(description="a process reward model (tether rm with process: true): a path or @stage")
+    batch_size: int = Field(32, ge=1, description="completions scored per forward")
+
+
 class RLConfig(StageConfig):
     """The RL machinery's settings, shared by the ``grpo``, ``ppo`` and ``agent`` stages.
     ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
@@ -171,6 +178,8 @@ class RLConfig(StageConfig):
                                                     description="DAPO dynamic sampling")
     advantage: str = Field("grpo", description="an advantage estimator (ADVANTAGE_ESTIMATORS)")
     advantage_kwargs: dict[str, Any] = Field(default_factory=dict, description="the estimator's hyperparameters")
+    process_reward: ProcessRewardConfig | None = Field(None, description="step rewards for a process-supervised "
+                                                                         "estimator (advantage: grpo_process)")
     policy_loss: str = Field("ppo_clip", description="a policy loss (POLICY_LOSSES)")
     policy_loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="the policy loss's own arguments "
                                                "(sapo: tau_pos, tau_neg; dppo_tv / dppo_kl: ratio_cap)")
@@ -200,6 +209,11 @@ class RLConfig(StageConfig):
     @model_validator(mode="after")
     def _known_names(self) -> RLConfig:
         known_name(ADVANTAGE_ESTIMATORS, self.advantage)
+        process = "step_rewards" in ADVANTAGE_ESTIMATORS.needs(self.advantage)
+        if process != (self.process_reward is not None):
+            raise ValueError(f"advantage {self.advantage!r} reads step rewards: set process_reward: {{path: PRM}}"
+                             if process else f"process_reward is read by process-supervised estimators "
+                             f"(advantage: grpo_process), not {self.advantage!r}")
         known_name(POLICY_LOSSES, self.policy_loss)
         unknown = sorted(set(self.policy_loss_kwargs) - set(extra_arguments(self.policy_loss)))
         if unknown:

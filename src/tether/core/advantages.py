@@ -41,6 +41,8 @@ class AdvantageInputs:
     baseline_rewards: Tensor | None = None  # shape (B,), e.g. the reward of ReMax's greedy rollout
     values: Tensor | None = None  # shape (B, T), critic values V(s_t) (GAE)
     running_baseline: Tensor | None = None  # scalar, REINFORCE state carried across steps by the trainer
+    step_rewards: Tensor | None = None  # shape (B, S), a process reward model's score of each step
+    step_ends: Tensor | None = None  # shape (B, S), long: the token index each step ends at; -1: no such step
 
     def __post_init__(self) -> None:
         if self.rewards.dim() != 1:
@@ -56,6 +58,10 @@ class AdvantageInputs:
                 raise ValueError(
                     f"{name} must match mask {tuple(self.mask.shape)}, got {tuple(tensor.shape)}"
                 )
+        if (self.step_rewards is None) != (self.step_ends is None) or (
+                self.step_rewards is not None and (self.step_rewards.shape != self.step_ends.shape
+                                                   or self.step_rewards.shape[0] != batch)):
+            raise ValueError("step_rewards and step_ends come together, both shape (B, S)")
         if self.baseline_rewards is not None and self.baseline_rewards.shape != self.rewards.shape:
             raise ValueError(
                 f"baseline_rewards must be shape ({batch},), got {tuple(self.baseline_rewards.shape)}"
@@ -350,3 +356,39 @@ def gae(
         value_mean=masked_mean(values, mask),
     )
     return AdvantageOutputs(advantages=advantages, returns=returns, metrics=metrics)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo_process", needs=("step_rewards",))
+@torch.no_grad()
+def grpo_process(inputs: AdvantageInputs, *, eps: float = 1e-6) -> AdvantageOutputs:
+    """GRPO with process supervision: each token's advantage is the sum of the normalised rewards of the
+    steps from its own onward.
+
+    Shao et al. 2024 (DeepSeekMath), section 4.1.3: a process reward model scores every step of the G
+    outputs of a prompt; the step rewards are normalised by the mean and std of all step rewards of the
+    group, ``r̃_i^j = (r_i^j - mean(R)) / std(R)``, and ``A_{i,t} = sum_{index(j) >= t} r̃_i^j``, where
+    index(j) is the token step j ends at. As in the paper, the outcome ``rewards`` do not enter (they are
+    logged by the trainer); ``token_rewards`` (a KL in the reward) are refused: keep the KL in the loss.
+    Differs from the paper as :func:`grpo` does: the unbiased std plus eps, and a group whose step rewards
+    are all equal (or has fewer than two) gets 0. Tokens after a row's last step end get 0.
+    """
+    if inputs.token_rewards is not None:
+        raise ValueError("grpo_process takes no per-token rewards; keep the KL in the loss (kl.in_reward: false)")
+    mask, size = _mask(inputs), inputs.group_size
+    steps = inputs.step_rewards.detach().to(torch.float32)
+    present = inputs.step_ends >= 0
+    by_group, kept = steps.reshape(-1, size * steps.shape[1]), present.reshape(-1, size * steps.shape[1])
+    count = kept.sum(1, keepdim=True)
+    mean = torch.where(kept, by_group, 0.0).sum(1, keepdim=True) / count.clamp(min=1)
+    centred = torch.where(kept, by_group - mean, 0.0)
+    std = (centred.square().sum(1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    spread = centred.abs().amax(1, keepdim=True)
+    flat = (count < 2) | (spread <= eps)
+    normalised = torch.where(flat | ~kept, 0.0, centred / (std + eps)).view_as(steps)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    reaches = present[:, :, None] & (inputs.step_ends[:, :, None] >= positions[None, None, :])  # (B, S, T)
+    advantages = (normalised[:, :, None] * reaches).sum(1) * mask
+    metrics = _metrics(advantages, mask, _rewards(inputs), frac_zero_std_groups=flat.float().mean(),
+                       step_reward_mean=steps[present].mean() if bool(present.any()) else torch.tensor(0.0),
+                       steps_per_sample=present.sum(1).float().mean())
+    return AdvantageOutputs(advantages=advantages, returns=None, metrics=metrics)

@@ -234,6 +234,27 @@ def split_steps(completion: str, separator: str) -> list[str]:
     return [s for s in completion.split(separator) if s.strip()]
 
 
+def step_end_tokens(token_texts: Sequence[str], separator: str) -> list[int]:
+    """The index of the token each step of a completion ends at, from each token's decoded text.
+
+    The steps are those of :func:`split_steps` (the text cut at ``separator``, blank pieces dropped), so
+    the k-th index belongs to the k-th score a process reward model gives the completion. A step ends at
+    the token holding the last character of the separator after it; the last step, with no separator
+    after it, at the completion's last token (its eos included). Exact when the tokens' texts join into
+    the completion's text (character and byte-level tokenizers; a token that decodes to a partial
+    character is counted where its text lands).
+    """
+    text = "".join(token_texts)
+    owner = [i for i, piece in enumerate(token_texts) for _ in piece]
+    ends, position = [], 0
+    for piece in text.split(separator):
+        end = position + len(piece)
+        if piece.strip():
+            ends.append(owner[end + len(separator) - 1] if end < len(text) else len(token_texts) - 1)
+        position = end + len(separator)
+    return ends
+
+
 def step_sequence(prompt: Any, steps: Sequence[str], tokenizer: Any, separator: str) -> tuple[list[int], list[int]]:
     """Ids of ``prompt + step_1 + sep + step_2 + sep ...`` and the position of each separator's last token.
 

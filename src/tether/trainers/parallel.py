@@ -320,18 +320,19 @@ def global_advantages(name: str, inputs: Any, **hparams: Any) -> Any:
     counts = all_gather_objects(rows)
     start = sum(counts[:DistInfo.current().rank])
 
-    def gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    def gather(tensor: torch.Tensor | None, pad: float = 0.0) -> torch.Tensor | None:
         if tensor is None:
             return None
         parts = all_gather_rows(tensor.float())
         if tensor.dim() == 2:
             longest = max(p.shape[1] for p in parts)
-            parts = [torch.nn.functional.pad(p, (0, longest - p.shape[1])) for p in parts]
+            parts = [torch.nn.functional.pad(p, (0, longest - p.shape[1]), value=pad) for p in parts]
         return torch.cat(parts).to(tensor.dtype)
 
     whole = AdvantageInputs(rewards=gather(inputs.rewards), mask=gather(inputs.mask), group_size=inputs.group_size,
                             token_rewards=gather(inputs.token_rewards), baseline_rewards=gather(inputs.baseline_rewards),
-                            values=gather(inputs.values), running_baseline=inputs.running_baseline)
+                            values=gather(inputs.values), running_baseline=inputs.running_baseline,
+                            step_rewards=gather(inputs.step_rewards), step_ends=gather(inputs.step_ends, pad=-1))
     out = compute_advantages(name, whole, **hparams)
     mine = slice(start, start + rows)
     return AdvantageOutputs(advantages=out.advantages[mine, :width],

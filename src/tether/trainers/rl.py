@@ -51,6 +51,7 @@ from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.entropy_control import EntropyControl
 from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters, global_advantages
+from tether.trainers.process_supervision import ProcessRewards
 from tether.trainers.rollout_consistency import MismatchTracker, sampler_as_old
 
 
@@ -112,6 +113,7 @@ class RLTrainer(CriticSteps, Trainer):
         self.moments = RunningMoments()
         self.entropy = EntropyControl(cfg.entropy, cfg.top_entropy_quantile)
         self.running_baseline: torch.Tensor | None = None
+        self.process_rewards: ProcessRewards | None = None  # built on first use (grpo_process)
         self.prompt_cursor = 0
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -314,11 +316,21 @@ class RLTrainer(CriticSteps, Trainer):
         need the rollout (the agent trainer's GiGPO step-level advantages)."""
         cfg = self.config
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.advantage)
+        steps = self.step_rewards(batch) if "step_rewards" in needs else (None, None)
         inputs = AdvantageInputs(
             rewards=batch.rewards, mask=batch.mask, group_size=cfg.rollout.group_size, token_rewards=batch.token_rewards,
             baseline_rewards=self.greedy_baseline(batch) if "baseline_rewards" in needs else None,
-            values=batch.values if "values" in needs else None, running_baseline=self.running_baseline)
+            values=batch.values if "values" in needs else None, running_baseline=self.running_baseline,
+            step_rewards=steps[0], step_ends=steps[1])
         return global_advantages(cfg.advantage, inputs, **cfg.advantage_hparams())
+
+    def step_rewards(self, batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The process reward model's step rewards and step ends (:class:`ProcessRewards`), figures logged."""
+        if self.process_rewards is None:
+            self.process_rewards = ProcessRewards(self.config.process_reward, self.tokenizer)
+        rewards, ends, figures = self.process_rewards(self.columns(batch.prompt_indices, batch.rollout)[0], batch.rollout)
+        batch.metrics.update(figures)
+        return rewards.to(self.device), ends.to(self.device)
 
     # ---- log-probs ---------------------------------------------------------------------------------
     def policy_logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *,
