@@ -230,15 +230,18 @@ def test_group_size_one_gives_zero_not_nan(name):
     assert all(torch.isfinite(v) for v in out.metrics.values())
 
 
-def _all_estimators_inputs(mask):
+def _all_estimators_inputs(mask, name="grpo"):
+    """Every input any estimator reads (the KL in the reward only where the estimator takes it)."""
     batch = mask.shape[0]
     return AdvantageInputs(
         rewards=torch.arange(batch, dtype=torch.float32),
         mask=mask,
         group_size=2,
-        token_rewards=torch.full(mask.shape, -0.1),
+        token_rewards=None if name == "grpo_process" else torch.full(mask.shape, -0.1),
         baseline_rewards=torch.zeros(batch),
         values=torch.ones(mask.shape),
+        step_rewards=torch.arange(2 * batch, dtype=torch.float32).view(batch, 2) / 8,
+        step_ends=torch.tensor([[0, 2]] * batch),
     )
 
 
@@ -246,19 +249,19 @@ def _all_estimators_inputs(mask):
 def test_empty_rows_get_zero_advantage_and_nothing_is_nan(name):
     mask = torch.ones(4, 3)
     mask[1] = 0.0
-    out = compute_advantages(name, _all_estimators_inputs(mask))
+    out = compute_advantages(name, _all_estimators_inputs(mask, name))
     assert torch.equal(out.advantages[1], torch.zeros(3))
     assert (out.advantages[[0, 2, 3]] != 0).any()
     assert all(torch.isfinite(v).all() for v in out.metrics.values())
     # a batch with no trained token at all
-    out = compute_advantages(name, _all_estimators_inputs(torch.zeros(4, 3)))
+    out = compute_advantages(name, _all_estimators_inputs(torch.zeros(4, 3), name))
     assert torch.equal(out.advantages, torch.zeros(4, 3))
     assert all(torch.isfinite(v).all() for v in out.metrics.values())
 
 
 @pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names())
 def test_outputs_are_detached_tensors(name):
-    inputs = _all_estimators_inputs(torch.ones(4, 3))
+    inputs = _all_estimators_inputs(torch.ones(4, 3), name)
     inputs.values.requires_grad_(True)
     out = compute_advantages(name, inputs)
     assert not out.advantages.requires_grad
@@ -278,7 +281,7 @@ def test_compute_advantages_passes_only_the_knobs_an_estimator_names():
 
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(
-        KeyError, match="valid names: dr_grpo, gae, grpo, reinforce, reinforce_pp, remax, rloo"
+        KeyError, match="valid names: dr_grpo, gae, grpo, grpo_process, reinforce, reinforce_pp, remax, rloo"
     ):
         compute_advantages("ppo", _inputs([1.0]))
 
