@@ -255,6 +255,13 @@ class PairwiseJudge(_Judge):
         self._count("unparseable", sum(v is None for v in verdicts))
         return verdicts
 
+    def verdicts(self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> list[str | None]:
+        """The verdict of one order per pair as parsed, ``"A"`` (``first``), ``"B"``, ``"tie"`` or None; no
+        swapping (:mod:`tether.core.win_rate` counts both orders)."""
+        if not len(prompts) == len(first) == len(second):
+            raise ValueError("verdicts() needs as many prompts as first and second responses")
+        return self._ask(prompts, first, second) if prompts else []
+
     def compare(self, prompts: Sequence[str], responses_a: Sequence[str], responses_b: Sequence[str]
                 ) -> list[float | None]:
         if not len(prompts) == len(responses_a) == len(responses_b):

@@ -215,6 +215,24 @@ class OpenAIEngine:
             raise _Retryable(f"not an OpenAI-style JSON response ({err}): {raw[:200]!r}", None) from None
         return response
 
+    def model_ids(self) -> list[str]:
+        """The ids ``GET base_url/models`` lists (one attempt): a check that the endpoint is up, and which
+        model it serves; raises EndpointError, in one line, when it cannot be reached or answers otherwise."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        request = urllib.request.Request(self.base_url + "/models", headers=headers, method="GET")
+        try:
+            with self._opener.open(request, timeout=self.timeout) as reply:
+                listed = json.loads(_read_until(reply, time.monotonic() + self.timeout, self.timeout))["data"]
+            return [str(entry["id"]) for entry in listed]
+        except urllib.error.HTTPError as err:
+            raise EndpointError(f"{self.base_url}/models: HTTP {err.code}: {_error_message(err)}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+            raise EndpointError(f"cannot reach {self.base_url} ({getattr(err, 'reason', err)}); is the server "
+                                "running (tether serve MODEL) and the URL right (it ends in /v1)?") from None
+        except (ValueError, KeyError, TypeError):
+            raise EndpointError(f"{self.base_url}/models did not answer with an OpenAI-style model list; "
+                                "is this an OpenAI-compatible endpoint (its URL ends in /v1)?") from None
+
     # ---- batches -------------------------------------------------------------------------------------
     def _body(self, prompt: str | list[dict], params: SamplingParams) -> tuple[str, dict]:
         body: dict[str, Any] = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens,
