@@ -42,6 +42,7 @@ _EXPORTS = {
     "KLConfig": "tether.config.rl",
     "LoopConfig": "tether.config.common",
     "LoraConfig": "tether.config.common",
+    "MixSource": "tether.config.data",
     "ModelConfig": "tether.config.common",
     "OnlineDPOConfig": "tether.config.preference",
     "OptimConfig": "tether.config.common",

@@ -66,7 +66,7 @@ class AgentEvalConfig(StrictModel):
 
 class AgentSFTConfig(SFTConfig):
     """SFT on demonstrations of ``environment`` (``environment.task.n`` of them; ``data`` sets only
-    tokenisation, or ``data.path`` gives your own chat records with tool messages)."""
+    tokenisation, or ``data.path`` / ``data.mix`` gives your own chat records with tool messages)."""
 
     type: Literal["agent_sft"] = Field("agent_sft", description="the stage type")
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="the environment")
@@ -76,7 +76,8 @@ class AgentSFTConfig(SFTConfig):
     @model_validator(mode="before")
     @classmethod
     def _data_from_environment(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not (data.get("data") or {}).get("path"):
+        given = (data.get("data") or {}) if isinstance(data, dict) else {}
+        if isinstance(data, dict) and not (given.get("path") or given.get("mix")):
             env = data.get("environment") or {}
             task = env.get("task") if isinstance(env, dict) else None
             data = {**data, "data": {**(data.get("data") or {}), "task": task or {"name": "multiplication"}}}

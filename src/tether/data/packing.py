@@ -214,8 +214,9 @@ def _group(lengths: list[int], order: list[int], *, batch_tokens: int | None, ba
 def make_batches(examples: Sequence[TokenizedExample], *, batch_tokens: int | None = None,
                  batch_size: int | None = None, packing: bool = False, seed: int = 0, epoch: int = 0,
                  rank: int = 0, world_size: int = 1, drop_last: bool = False, pad_token_id: int = 0,
-                 pad_to_multiple_of: int | None = None) -> list[dict]:
-    """This rank's micro-batches for one epoch.
+                 pad_to_multiple_of: int | None = None, indices: bool = False) -> list[dict]:
+    """This rank's micro-batches for one epoch (with ``indices``, each also holds ``indices``: the positions in
+    ``examples`` of its sequences).
 
     With ``packing`` and ``batch_size`` both given, each micro-batch is ``batch_size`` examples
     packed into several rows of <= ``batch_tokens`` tokens (a fixed number of examples per step,
@@ -256,7 +257,10 @@ def make_batches(examples: Sequence[TokenizedExample], *, batch_tokens: int | No
             batches.append(_packed_batch(chosen))
         else:
             batches.append(pad_examples(chosen, pad_token_id=pad_token_id, pad_to_multiple_of=pad_to_multiple_of))
-    batches.extend(_empty_batch(packing, pad_token_id) for _ in range(per_rank - len(mine)))
+        if indices:
+            batches[-1]["indices"] = list(group)
+    batches.extend({**_empty_batch(packing, pad_token_id), **({"indices": []} if indices else {})}
+                   for _ in range(per_rank - len(mine)))
     return batches
 
 

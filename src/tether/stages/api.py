@@ -183,7 +183,7 @@ def train_agent_sft(config: AgentSFTConfig | dict, *, out: str | Path, model: An
     def inputs(cfg: AgentSFTConfig, tokenizer: Any) -> dict[str, Any]:
         if dataset is not None:
             records = load_records(dataset)
-        elif cfg.data.path is None:
+        elif cfg.data.path is None and cfg.data.mix is None:
             records = agent_demonstrations(cfg.environment, tokenizer, workers=cfg.agent.tool_workers)
         else:
             records = None
