@@ -131,3 +131,8 @@ def test_best_of_n_accuracy_rises_with_n_under_the_verifier(tmp_path):
     # the learned reward model helps at small n, then is over-optimised (README: "best-of-n")
     assert max(results[f"best_of_{n}/reward_model"] for n in (2, 4)) > results["best_of_1/reward_model"]
     assert (tmp_path / "run" / "best_of_n" / "best_of_n.png").exists()
+    # PRM beam search ran at every n on matched compute: n candidates a round, about n answers' tokens
+    for n in (1, 2, 4, 8, 16):
+        assert 0.0 <= results[f"search_{n}/prm_beam"] <= 1.0 and 0.0 <= results[f"best_of_{n}/prm"] <= 1.0
+        assert 0.5 < results[f"tokens/search_{n}/prm_beam"] / results[f"tokens/best_of_{n}"] < 2.0
+    assert "prm_beam" in (tmp_path / "run" / "best_of_n" / "best_of_n.md").read_text()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from tether.config.base import StrictModel, deep_merge
+from tether.config.base import StrictModel, deep_merge, known_name
 from tether.config.common import EvalConfig, StageConfig, TaskSource
 from tether.config.data import PromptDataConfig
 from tether.config.rewards import FilterConfig, ScoredPairsConfig, ScorerConfig
 from tether.config.sampling import SamplingConfig, SamplingParams
+from tether.core.reward import STEP_AGGREGATIONS
 
 
 class CorpusSamplingConfig(SamplingConfig):
@@ -108,17 +109,52 @@ def _verifier() -> dict[str, ScorerConfig]:
     return {"verifier": ScorerConfig()}
 
 
+class SearchConfig(StrictModel):
+    """A step-level search at inference, run at every n of a best-of-n stage on the same problems:
+    ``prm_beam`` is beam search over steps scored by a process reward model (Snell et al. 2024, sec. 5),
+    ``beam_width x expansions = n`` candidates a round (``tether.rollout.step_search``)."""
+
+    kind: Literal["prm_beam"] = Field("prm_beam", description="the search: prm_beam (PRM-guided beam search)")
+    prm: str = Field(..., description="the process reward model directory (an rm stage with process: true)")
+    expansions: int = Field(4, ge=1, description="next steps sampled per beam (M); at each n the beam keeps n / M "
+                                                 "traces (n < M: one beam expanded n times)")
+    aggregation: str = Field("last", description="a prefix's score from its step scores: last (Snell et al.), min, "
+                                                 "product or mean")
+    max_steps: int = Field(16, ge=1, description="rounds of expand -> score -> prune at most")
+    batch_size: int = Field(32, ge=1, description="sequences per PRM forward pass")
+
+    @field_validator("aggregation")
+    @classmethod
+    def _known_aggregation(cls, value: str) -> str:
+        return known_name(STEP_AGGREGATIONS, value)
+
+    def shape(self, n: int) -> tuple[int, int]:
+        """``(beam_width, expansions)`` at compute ``n``: ``M = min(expansions, n)``, ``beam_width = n / M``."""
+        m = min(self.expansions, n)
+        if n % m:
+            raise ValueError(f"n = {n} is not a multiple of search expansions = {m}; use ns that are")
+        return n // m, m
+
+
 class BestOfNConfig(StageConfig):
-    """Best-of-n accuracy on ``eval.n`` held-out problems, sampled at ``eval.temperature``."""
+    """Best-of-n accuracy on ``eval.n`` held-out problems, sampled at ``eval.temperature``, and step-level
+    searches at the same n."""
 
     type: Literal["best_of_n"] = Field("best_of_n", description="the stage type")
     ns: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16], description="the n values of the curve")
     scorers: dict[str, ScorerConfig] = Field(default_factory=_verifier, description="what picks the best, by "
                                                                                     "label")
+    search: dict[str, SearchConfig] = Field(default_factory=dict, description="step-level searches at the same n "
+                                                                              "(beam_width x expansions = n), by label")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out problems and sampling")
 
     @model_validator(mode="after")
     def _positive(self) -> BestOfNConfig:
         if not self.ns or min(self.ns) < 1:
             raise ValueError("ns must be a non-empty list of positive sample counts")
+        for label, search in self.search.items():
+            if label in self.scorers:
+                raise ValueError(f"search label {label!r} is also a scorer label; give the search another name")
+            for n in self.ns:
+                search.shape(n)
         return self

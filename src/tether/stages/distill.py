@@ -29,8 +29,9 @@ Stage types (each a thin wrapper over a public function):
             (``filter.max_per_prompt: 1``), then SFT.                                    model
   ========  =========================================================================  =====================
 
-- ``best_of_n``: held-out accuracy of best-of-n against n for each scorer, with a table in the
-  results and ``STAGE/best_of_n.png``.
+- ``best_of_n``: held-out accuracy of best-of-n against n for each scorer, and of each step-level
+  ``search`` (PRM-guided beam search) at the same n, with tokens per problem, in the results, in
+  ``STAGE/best_of_n.md`` and ``STAGE/best_of_n.png``.
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ def run_best_of_n_stage(cfg: BestOfNConfig, run_dir: Path, resume: bool) -> dict
     model, tokenizer = resolve_model(None, None, cfg.model)
     results = run_best_of_n(model, cfg.eval, cfg.ns, dict(cfg.scorers), tokenizer=tokenizer,
                             corpus=stage_dir / "samples.jsonl", plot=stage_dir / "best_of_n.png",
-                            progress=cfg.train.progress, defaults=cfg.reward_defaults())
+                            progress=cfg.train.progress, defaults=cfg.reward_defaults(), searches=dict(cfg.search),
+                            table=stage_dir / "best_of_n.md")
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
     return results
