@@ -117,3 +117,20 @@ def test_sft_records_and_pairs():
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("c1", "c0"), ("c1", "c3"), ("c2", "c0")]
     assert {p["prompt"] for p in pairs} == {"p0="}
     assert len(preference_pairs(records, scores, rule="best_vs_worst")) == 1
+
+
+def test_rso_thins_each_prompt_before_pairing():
+    from tether.config.rewards import RSOConfig
+
+    records = [rec(p, s, f"c{p}{s}") for p in range(20) for s in range(6)]
+    scores = [float(s % 3) for _ in range(20) for s in range(6)]  # rewards 0, 1, 2, 0, 1, 2 per prompt
+    rso = RSOConfig(beta=0.5, samples=2, seed=1)
+    pairs = preference_pairs(records, scores, rule="all_pairs", rso=rso)
+    per_prompt = {}
+    for p in pairs:
+        per_prompt[p["prompt"]] = per_prompt.get(p["prompt"], 0) + 1
+    assert pairs and max(per_prompt.values()) == 1  # two kept samples make at most one pair
+    assert pairs == preference_pairs(records, scores, rule="all_pairs", rso=rso)  # deterministic
+    # the tilted samples favour high rewards: most chosen completions score 2
+    best = sum(p["chosen"].endswith(("2", "5")) for p in pairs)
+    assert best / len(pairs) > 0.7

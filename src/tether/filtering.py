@@ -19,12 +19,13 @@ The same scorers pick the best of n samples in :mod:`tether.best_of_n`.
 from __future__ import annotations
 
 import re
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from tether.config.rewards import FilterConfig, RewardFilter, VerifierFilter
-from tether.core.pairing import make_pairs
+from tether.config.rewards import FilterConfig, RewardFilter, RSOConfig, VerifierFilter
+from tether.core.pairing import make_pairs, rso_scores
 from tether.scoring import RecordScorer, build_scorer
 
 
@@ -161,17 +162,24 @@ def sft_records(records: Sequence[dict], *, chat: bool = False) -> list[dict]:
 
 
 def preference_pairs(records: Sequence[dict], scores: Sequence[float | None], *, rule: str = "all_pairs",
-                     max_per_prompt: int = 4, margin: float = 0.0, threshold: float | None = None) -> list[dict]:
+                     max_per_prompt: int = 4, margin: float = 0.0, threshold: float | None = None,
+                     rso: RSOConfig | None = None) -> list[dict]:
     """Chosen / rejected pairs among the samples of each prompt, by a ``tether.core.pairing`` rule
     (largest score gaps first, at most ``max_per_prompt`` a prompt): for training an outcome reward
     model on a policy's own samples labelled by a checker (Cobbe et al. 2021, "Training Verifiers
-    to Solve Math Word Problems")."""
+    to Solve Math Word Problems"). With ``rso``, each prompt's samples are first thinned by RSO's
+    rejection sampling (:func:`~tether.core.pairing.rso_sample`; prompts in order of first appearance,
+    the g-th drawing from ``Random(f"rso:{seed}:{g}")``)."""
     groups: dict[Any, list[int]] = defaultdict(list)
     for i, record in enumerate(records):
         groups[prompt_key(record)].append(i)
     pairs = []
-    for members in groups.values():
-        for chosen, rejected in make_pairs([scores[i] for i in members], rule, margin=margin, threshold=threshold,
+    for g, members in enumerate(groups.values()):
+        group_scores = [scores[i] for i in members]
+        if rso is not None:
+            group_scores = rso_scores(group_scores, beta=rso.beta, num_samples=rso.samples,
+                                      rng=random.Random(f"rso:{rso.seed}:{g}"))
+        for chosen, rejected in make_pairs(group_scores, rule, margin=margin, threshold=threshold,
                                            max_pairs=max_per_prompt):
             best, worst = records[members[chosen]], records[members[rejected]]
             pairs.append({"prompt": best["prompt"], "chosen": best["completion"], "rejected": worst["completion"]})

@@ -77,6 +77,16 @@ def test_sppo_and_tdpo_online_raise_the_score(tmp_path, loss, reference):
     assert [r[key] for r in logged if key in r], key
 
 
+def test_rso_pairs_only_the_reward_tilted_samples(tmp_path):
+    model, tokenizer = build_tiny()
+    cfg = config(rounds=1, steps_per_round=1, pairs={"rule": "all_pairs", "rso": {"beta": 0.1, "samples": 2}})
+    OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction]).fit()
+    saved = [json.loads(line) for line in (tmp_path / "online" / "rounds" / "round-000" / "pairs.jsonl")
+             .read_text().splitlines()]
+    prompts = [p["prompt_id"] for p in saved]
+    assert saved and len(prompts) == len(set(prompts))  # two kept samples per prompt: one pair at most
+
+
 def test_an_online_stage_evaluated_before_reports_its_paired_gain(tmp_path):
     cfg = config(rounds=1, steps_per_round=2, eval={"n": 8, "max_new_tokens": 6, "before": True})
     model, tokenizer = build_tiny()

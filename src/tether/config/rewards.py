@@ -128,6 +128,16 @@ class ScorerConfig(StrictModel):
         return {"rewards": "verifier", "reward_model": "reward_model", "judge": "judge"}[self.kind]
 
 
+class RSOConfig(StrictModel):
+    """RSO's statistical rejection sampling before pairing (Liu et al. 2023): keep ``samples`` of each
+    prompt's scored samples, drawn from the reward-tilted policy pi_sft exp(r / beta)."""
+
+    beta: float = Field(0.5, gt=0, description="the tilt's temperature: small keeps the top rewards, large is "
+                                                "uniform over the samples")
+    samples: int = Field(2, ge=2, description="samples kept per prompt (then paired by the rule)")
+    seed: int = Field(0, description="the acceptance draws' seed (with the prompt's position)")
+
+
 class PairConfig(StrictModel):
     """How the scored samples of one prompt become (chosen, rejected) pairs (``tether.core.pairing``)."""
 
@@ -135,6 +145,7 @@ class PairConfig(StrictModel):
     margin: float = Field(0.0, ge=0, description="smallest score gap that makes a pair")
     threshold: float | None = Field(None, description="threshold rule: good at or above it")
     max_per_prompt: int | None = Field(None, ge=1, description="pairs kept per prompt at most (largest gaps)")
+    rso: RSOConfig | None = Field(None, description="RSO rejection sampling before the rule pairs; None: off")
     win_temperature: float | None = Field(None, gt=0, description="SPPO's win probabilities from scalar scores: "
                                                                    "sigmoid(gap / this); unset: win 1, tie 1/2, loss 0")
 

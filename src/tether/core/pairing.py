@@ -19,6 +19,7 @@ mean win probability against the others, a Borda count), so the same rules apply
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 
 from tether.core.registry import Registry
@@ -114,3 +115,40 @@ def win_probabilities(scores: Sequence[float | None], *, temperature: float | No
                 total += 1.0 if s_i > s_j else 0.5 if s_i == s_j else 0.0
         out[i] = total / k
     return out
+
+
+def rso_sample(scores: Sequence[float | None], *, beta: float, num_samples: int, rng: random.Random) -> list[int]:
+    """Statistical rejection sampling: which of K samples from the SFT policy to keep so that the kept ones
+    are draws from the reward-tilted policy ``π_r(y|x) ∝ π_sft(y|x) exp(r(x, y) / β)``.
+
+    Liu et al. 2023, "Statistical Rejection Sampling Improves Preference Optimization" (RSO), Algorithm 1:
+    propose a remaining candidate, accept it with probability ``exp((r - r_max) / β)`` (``r_max`` the
+    largest remaining reward, so the best one is always accepted when proposed), remove what is accepted,
+    until ``num_samples`` are accepted or none remain. Each proposal here is a uniform draw from the
+    remaining candidates, so the first kept sample is exactly ``P(i) ∝ exp(r_i / β)`` over the K samples;
+    the paper's listing scans the candidates in order instead, which favours the first ones. Small β
+    keeps only the top rewards, large β approaches uniform. Missing scores are never kept. Returns the
+    indices in the order they were accepted; deterministic given ``rng``'s state.
+    """
+    if beta <= 0:
+        raise ValueError(f"rso beta must be > 0, got {beta}")
+    if num_samples < 1:
+        raise ValueError(f"rso num_samples must be >= 1, got {num_samples}")
+    remaining = _present(scores)
+    accepted: list[int] = []
+    while remaining and len(accepted) < num_samples:
+        best = max(reward for _, reward in remaining)
+        position = rng.randrange(len(remaining))
+        index, reward = remaining[position]
+        if rng.random() < math.exp((reward - best) / beta):
+            accepted.append(index)
+            del remaining[position]
+    return accepted
+
+
+def rso_scores(scores: Sequence[float | None], *, beta: float, num_samples: int, rng: random.Random
+               ) -> list[float | None]:
+    """``scores`` with every sample :func:`rso_sample` does not keep set to None, so a pair rule pairs only
+    among the kept ones (the reward-tilted samples)."""
+    kept = set(rso_sample(scores, beta=beta, num_samples=num_samples, rng=rng))
+    return [s if i in kept else None for i, s in enumerate(scores)]

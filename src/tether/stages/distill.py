@@ -124,7 +124,7 @@ def filter_file(cfg: FilterStageConfig | dict, out_dir: str | Path) -> dict[str,
         score = build_scorer(cfg.pairs.scorer, defaults=cfg.reward_defaults())
         pairs = preference_pairs(usable, score(usable), rule=cfg.pairs.rule,
                                  max_per_prompt=cfg.pairs.max_per_prompt, margin=cfg.pairs.margin,
-                                 threshold=cfg.pairs.threshold)
+                                 threshold=cfg.pairs.threshold, rso=cfg.pairs.rso)
         write_records(out_dir / "pairs.jsonl", pairs)
         summary["pairs"] = len(pairs)
     write_json_atomic(out_dir / "summary.json", summary)

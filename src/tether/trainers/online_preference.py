@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from tether.config.preference import OnlineDPOConfig
-from tether.core.pairing import make_pairs, win_probabilities
+from tether.core.pairing import make_pairs, rso_scores, win_probabilities
 from tether.core.rollout_correction import mismatch_metrics
 from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, write_jsonl_atomic
 from tether.data.pairs import tokenize_pairs
@@ -166,7 +166,12 @@ class OnlinePreferenceTrainer(Trainer):
                                      pairwise=self.scorer.pairwise)
             for sample, win in zip(group, wins, strict=True):
                 sample["win_prob"] = win
-            for i, j in make_pairs([s["score"] for s in group], cfg.pairs.rule, margin=cfg.pairs.margin,
+            group_scores = [s["score"] for s in group]
+            if cfg.pairs.rso is not None:  # RSO: pair only samples of the reward-tilted policy
+                rso = cfg.pairs.rso
+                group_scores = rso_scores(group_scores, beta=rso.beta, num_samples=rso.samples,
+                                    rng=random.Random(f"rso:{rso.seed}:{cfg.train.seed}:{r}:{index}"))
+            for i, j in make_pairs(group_scores, cfg.pairs.rule, margin=cfg.pairs.margin,
                                    threshold=cfg.pairs.threshold, max_pairs=cfg.pairs.max_per_prompt):
                 pairs.append(self._pair_row(index, group[i], group[j]))
         figures.update(self._round_figures(samples, pairs, indices))
