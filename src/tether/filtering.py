@@ -18,8 +18,8 @@ The same scorers pick the best of n samples in :mod:`tether.best_of_n`.
 
 from __future__ import annotations
 
-import re
 import random
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
