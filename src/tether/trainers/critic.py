@@ -45,6 +45,14 @@ def in_critic_warmup(critic: CriticConfig | None, step: int) -> bool:
     return critic is not None and step < critic.warmup_steps
 
 
+def check_warmup_ranks(critic: CriticConfig | None, world_size: int) -> None:
+    """Refuse a critic warm-up on several ranks: its backward leaves the actor without gradients, which the
+    DDP wrapper's reducer does not accept (measured: it fails with "gradient which is undefined")."""
+    if critic is not None and critic.warmup_steps > 0 and world_size > 1:
+        raise ValueError("critic.warmup_steps runs in one process only for now (under torchrun the actor's missing "
+                         "gradients stop DDP's reducer); set it to 0 for a multi-rank run")
+
+
 def warmup_metrics(critic: CriticConfig | None, warmup: bool) -> dict[str, float]:
     """``critic/warmup``: 1 on a warm-up step, 0 after; logged only when a warm-up is configured."""
     return {"critic/warmup": float(warmup)} if critic is not None and critic.warmup_steps > 0 else {}

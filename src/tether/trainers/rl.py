@@ -46,7 +46,7 @@ from tether.rewards import RunningMoments, overlong_penalty, shape_scores
 from tether.rollout import Rollout, SamplingParams
 from tether.rollout.engines import build_engine
 from tether.scoring import reward_composer
-from tether.trainers.critic import CriticSteps, in_critic_warmup, warmup_metrics
+from tether.trainers.critic import CriticSteps, check_warmup_ranks, in_critic_warmup, warmup_metrics
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.entropy_control import EntropyControl
 from tether.trainers.loop import Trainer
@@ -114,6 +114,7 @@ class RLTrainer(CriticSteps, Trainer):
         self.entropy = EntropyControl(cfg.entropy, cfg.top_entropy_quantile)
         self.running_baseline: torch.Tensor | None = None
         self.process_rewards: ProcessRewards | None = None  # built on first use (grpo_process)
+        check_warmup_ranks(cfg.critic, self.dist.world_size)
         self.prompt_cursor = 0
 
     # ---- set-up ------------------------------------------------------------------------------
