@@ -147,7 +147,7 @@ def test_one_turn_each_is_dpo_and_gamma_zero_keeps_the_first_turn():
 
 def test_bad_inputs_are_one_line_errors():
     inputs, _, _ = hand_inputs()
-    with pytest.raises(ValueError, match="needs PreferenceInputs.chosen_turn_logps"):
+    with pytest.raises(ValueError, match=r"needs PreferenceInputs\.chosen_turn_logps"):
         dmpo_loss(PreferenceInputs(inputs.chosen_logps, inputs.rejected_logps, inputs.ref_chosen_logps,
                                    inputs.ref_rejected_logps))
     inputs.chosen_turns = torch.tensor([0, 3])
