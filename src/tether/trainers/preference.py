@@ -2,7 +2,7 @@
 
 One step reads: micro-batches of pairs -> chosen and rejected through the policy in one
 padding-free packed forward pass -> summed completion log-probs -> a ``PREFERENCE_LOSSES`` entry
-(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | slic | sppo_hard | sppo | tdpo | ...``,
+(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | slic | sppo_hard | sppo | tdpo | dmpo | ...``,
 or a dict of weights for ``mixed_preference_loss``) against cached reference log-probs -> one update.
 ``loss: kto`` uses ``UNPAIRED_LOSSES["kto"]`` on ``{prompt, completion, label}`` records.
 
@@ -13,6 +13,7 @@ How it departs from a textbook DPO loop:
   ``<stage>/reference_logps.pt`` for resume); no reference model is held during training.
   SimPO and ORPO are reference-free and compute none. TDPO's sequential KL needs the reference's full
   distributions, which are not cached: a frozen copy of the initial weights runs on each micro-batch.
+  DMPO's per-turn reference sums are cached like the summed ones (:mod:`tether.trainers.turn_reference`).
 - KTO's KL baseline uses mismatched pairs inside each micro-batch (completion j with the prompt
   of example j+1, as TRL). To cache their reference log-probs, KTO micro-batches keep a fixed
   composition across epochs (only their order is reshuffled); paired losses reshuffle freely.
