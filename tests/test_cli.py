@@ -239,3 +239,25 @@ def test_an_unwritable_out_and_a_reward_that_cannot_be_imported_end_in_one_line(
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
     assert expected in text and "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3
+
+
+def test_dpo_command_takes_a_stage_prefixed_loss_override_dmpo_on_episode_pairs(tmp_path):
+    turn = [{"role": "assistant", "content": "Action: calculator[2*3]"}, {"role": "tool", "content": "6"}]
+    pairs = [{"prompt": [{"role": "user", "content": f"{k}*3="}],
+              "chosen": [*turn, {"role": "assistant", "content": "Action: finish[6]"}],
+              "rejected": [{"role": "assistant", "content": "Action: finish[5]"}]} for k in range(4)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    config = tmp_path / "dpo.yaml"
+    config.write_text(f"model: {{name_or_path: tether/tiny}}\ndata: {{path: {data}}}\n"
+                      "train: {max_steps: 1, batch_size: 4}\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["dpo", "--config", str(config), "--out", str(out), "dpo.loss=dmpo",
+                                 "dmpo_gamma=0.5"])
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    resolved = yaml.safe_load((out / "config.yaml").read_text())["stages"][0]
+    assert resolved["loss"] == "dmpo" and resolved["dmpo_gamma"] == 0.5
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("turns/chosen") == 2.0 and r.get("turns/rejected") == 1.0 for r in rows), rows

@@ -248,8 +248,8 @@ def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None
         if data["type"] != stage_type:
             raise ConfigError(f"{config}: type is {data['type']!r} but the command is {stage_type!r}")
         data.setdefault("name", stage_type)
-        for key, value in parse_overrides(list(overrides or [])):
-            apply_override(data, key, value)
+        for key, value in parse_overrides(list(overrides or [])):  # as in a recipe, `dpo.loss=x` may name the stage
+            apply_override(data, key if data["name"] in data else key.removeprefix(f"{data['name']}."), value)
         run_dir = out or _default_out(f"{stage_type}")
         results = run_recipe({"name": stage_type, "stages": [data]}, run_dir, resume=resume)
     except (ConfigError, *_training_errors()) as err:

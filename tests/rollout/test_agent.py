@@ -157,3 +157,25 @@ def test_slow_tools_do_not_block_the_other_episodes(scripted_engine):
     trajectories = loop.run(tasks, SamplingParams(n=1))
     assert finished_while_blocked == [True] and time.monotonic() - start < 5
     assert all(t.finish_reason == "answer" for t in trajectories)
+
+
+def test_episode_records_pair_successes_with_failures_token_for_token(scripted_engine):
+    """Sample 0 of each task solves it with the calculator, sample 1 guesses: each prompt gives one pair whose
+    chosen tokenises to exactly the successful trajectory's tokens (prompt + interleaved turns)."""
+    from tether.data.episode_pairs import episode_pairs
+    from tether.rollout.agent import episode_record
+
+    def script(text, j):
+        return "Action: finish[0]" if j == 1 else solver(text, j)
+
+    loop = make_loop(scripted_engine(TOKENIZER, script))
+    trajectories = loop.run(records(2), SamplingParams(n=2, seed=0))
+    episodes = [episode_record(t, loop.renderer) for t in trajectories]
+    assert [e["outcome"] for e in episodes] == [1.0, 0.0, 1.0, 0.0]
+    pairs, stats = episode_pairs(episodes)
+    assert stats["pairs"] == 2 and stats["prompts"] == 2
+    for pair, won in zip(pairs, trajectories[::2], strict=True):
+        assert [m["role"] for m in pair["chosen"]] == ["assistant", "tool", "assistant"]
+        assert pair["rejected"] == [{"role": "assistant", "content": "Action: finish[0]"}]
+        example = tokenize_sft({"prompt": pair["prompt"], "completion": pair["chosen"]}, TOKENIZER, max_length=512)
+        assert example.input_ids == won.prompt_ids + won.token_ids

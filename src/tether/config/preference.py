@@ -25,7 +25,7 @@ from tether.core.reward import STEP_AGGREGATIONS
 
 REFERENCE_FREE = frozenset({"simpo", "orpo", "slic"})
 HPARAMS = ("beta", "label_smoothing", "rpo_alpha", "nll_norm", "simpo_gamma", "length_normalize",
-           "desirable_weight", "undesirable_weight", "slic_delta", "slic_lambda", "tdpo_alpha")
+           "desirable_weight", "undesirable_weight", "slic_delta", "slic_lambda", "tdpo_alpha", "dmpo_gamma")
 
 
 class RewardModelConfig(StageConfig):
@@ -90,6 +90,8 @@ class PreferenceLossConfig(StrictModel):
     slic_lambda: float | None = Field(None, ge=0, description="slic: weight of the chosen sequence NLL")
     tdpo_alpha: float | None = Field(None, ge=0, description="tdpo (TDPO2): weight of the sequential-KL "
                                                               "correction")
+    dmpo_gamma: float | None = Field(None, ge=0, le=1, description="dmpo: the turn discount gamma of the "
+                                                                   "length-normalised turn weights")
     length_normalize: bool | None = Field(None, description="ipo: per-token log-ratios")
     desirable_weight: float | None = Field(None, gt=0, description="kto")
     undesirable_weight: float | None = Field(None, gt=0, description="kto")
@@ -110,7 +112,7 @@ class PreferenceLossConfig(StrictModel):
     @property
     def loss_needs(self) -> frozenset[str]:
         """What the selected losses read beyond summed log-probs (``PREFERENCE_LOSSES.needs``): SPPO's
-        ``win_probabilities``, TDPO's ``sequential_kl``, Step-DPO's ``step_pairs``."""
+        ``win_probabilities``, TDPO's ``sequential_kl``, Step-DPO's ``step_pairs``, DMPO's ``turn_logprobs``."""
         return frozenset().union(*(PREFERENCE_LOSSES.needs(n) for n in self.loss_names if n != "kto"))
 
     def _functions(self) -> list[Callable]:
@@ -250,6 +252,9 @@ class OnlineDPOConfig(PreferenceLossConfig, StageConfig):
     def _consistent(self) -> OnlineDPOConfig:
         if self.unpaired:
             raise ValueError("online_dpo builds pairs; 'kto' is not available here")
+        if "turn_logprobs" in self.loss_needs:
+            raise ValueError(f"loss {self.loss!r} compares multi-turn agent trajectories offline; use a 'dpo' stage "
+                             "on pairs of episodes (tether.data.episode_pairs)")
         if self.mode == "oaif" and (self.rollout.samples != 2 or self.steps_per_round != 1):
             raise ValueError("mode 'oaif' samples 2 responses per prompt and makes one update per round "
                              "(rollout.samples: 2, steps_per_round: 1)")

@@ -32,7 +32,7 @@ UNPAIRED_LOSSES: Registry = Registry("unpaired preference loss")
 
 @dataclass
 class PreferenceInputs:
-    """Per-pair sequence statistics of a batch of preference pairs; each tensor has shape (B,)."""
+    """Per-pair sequence statistics of a batch of preference pairs; each tensor has shape (B,) unless noted."""
 
     chosen_logps: Tensor  # shape (B,), summed log-prob of the chosen completion under the policy
     rejected_logps: Tensor  # shape (B,)
@@ -46,6 +46,12 @@ class PreferenceInputs:
     rejected_win_prob: Tensor | None = None  # shape (B,)
     chosen_seq_kl: Tensor | None = None  # shape (B,), Σ_t KL(π_ref(·|x,y<t) ‖ π(·|x,y<t)) over y_c (TDPO)
     rejected_seq_kl: Tensor | None = None  # shape (B,)
+    chosen_turn_logps: Tensor | None = None  # shape (B, K), summed policy log-prob of each assistant turn (DMPO)
+    rejected_turn_logps: Tensor | None = None  # shape (B, K'), 0 past a trajectory's last turn
+    ref_chosen_turn_logps: Tensor | None = None  # shape (B, K), the same under the reference
+    ref_rejected_turn_logps: Tensor | None = None  # shape (B, K')
+    chosen_turns: Tensor | None = None  # shape (B,), assistant turns of the chosen trajectory
+    rejected_turns: Tensor | None = None  # shape (B,)
 
 
 def _require(inputs: PreferenceInputs, loss: str, *fields: str) -> None:

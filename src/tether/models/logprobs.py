@@ -25,6 +25,7 @@ import torch
 from tether.core.logprobs import entropy_from_logits, selective_log_softmax, sequence_logprobs
 from tether.core.preference import PreferenceInputs, wpo_weights
 from tether.core.token_preference import position_kl
+from tether.core.turn_preference import turn_sums
 from tether.data.packing import pack_sequences
 from tether.data.pairs import PairExample
 from tether.data.prefix_sharing import (
@@ -228,11 +229,13 @@ def _padded_example_logprobs(model: torch.nn.Module, examples: Sequence[Tokenize
 def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
                 ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
                 packing: bool = True, prefix_sharing: bool | str = True,
-                reference_model: torch.nn.Module | None = None) -> PreferenceInputs:
+                reference_model: torch.nn.Module | None = None, turns: bool = False) -> PreferenceInputs:
     """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
     a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
     (shape (B,) each, or None), lengths, the records' win probabilities when every pair has them, and,
-    with ``wpo``, WPO weights; with ``reference_model``, each completion's sequential KL to it (TDPO)."""
+    with ``wpo``, WPO weights; with ``reference_model``, each completion's sequential KL to it (TDPO);
+    with ``turns``, each assistant turn's summed log-prob and the turn counts (DMPO; the reference's
+    per-turn sums are the caller's)."""
     b = len(pairs)
     seq_kl = None
     if reference_model is None:
@@ -251,11 +254,15 @@ def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_
     wins = None
     if pairs and all(p.win_probs is not None for p in pairs):
         wins = torch.tensor([p.win_probs for p in pairs], dtype=logps.dtype, device=logps.device)
+    per_turn: dict[str, torch.Tensor] = {}
+    if turns:
+        for side, rows in (("chosen", slice(None, b)), ("rejected", slice(b, None))):
+            per_turn[f"{side}_turn_logps"], per_turn[f"{side}_turns"] = turn_sums(tok[rows], mask[rows])
     return PreferenceInputs(logps[:b], logps[b:], ref_chosen, ref_rejected, lengths[:b], lengths[b:],
                             weights=weights, chosen_win_prob=None if wins is None else wins[:, 0],
                             rejected_win_prob=None if wins is None else wins[:, 1],
                             chosen_seq_kl=None if seq_kl is None else seq_kl[:b],
-                            rejected_seq_kl=None if seq_kl is None else seq_kl[b:])
+                            rejected_seq_kl=None if seq_kl is None else seq_kl[b:], **per_turn)
 
 
 def pair_logprobs(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,

@@ -60,7 +60,8 @@ class Turn:
 class Trajectory:
     """One episode. ``token_ids`` interleaves generated (``action_mask`` 1) and observation (0) tokens;
     ``turn_spans[t]`` is the [start, end) of turn ``t``'s generated tokens in it; ``state_keys[t]`` the
-    environment state before turn ``t``; ``outcome`` the verifier's score."""
+    environment state before turn ``t``; ``outcome`` the verifier's score; ``observation`` the environment's
+    first observation (the prompt's text)."""
 
     task: dict
     group: int
@@ -74,6 +75,7 @@ class Trajectory:
     finish_reason: str = "running"  # answer | max_turns | max_tokens
     answer: str | None = None
     outcome: float = 0.0
+    observation: str = ""
 
     @property
     def generated_tokens(self) -> int:
@@ -205,7 +207,9 @@ class AgentLoop:
             for _ in range(params.n):
                 env = self.make_env()
                 envs.append(env)
-                trajectories.append(Trajectory(task=task, group=g, prompt_ids=self.renderer.prompt_ids(env.reset(task))))
+                first = env.reset(task)
+                trajectories.append(Trajectory(task=task, group=g, prompt_ids=self.renderer.prompt_ids(first),
+                                               observation=first))
         ready, pending, round_index = list(range(len(trajectories))), {}, 0
         with futures.ThreadPoolExecutor(self.config.tool_workers) as pool:
             while ready or pending:
@@ -326,6 +330,19 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], success_threshold: fl
 def trajectory_texts(trajectories: Sequence[Trajectory], tokenizer: Any) -> list[str]:
     """Each trajectory's interleaved tokens decoded with the template's role markers kept (for logs)."""
     return tokenizer.batch_decode([t.token_ids for t in trajectories], skip_special_tokens=False)
+
+
+def episode_record(trajectory: Trajectory, renderer: ChatRenderer) -> dict:
+    """A finished episode as ``{"prompt": [messages], "completion": [assistant / tool messages], "outcome"}``
+    (with ``tools`` when the template lists them), for :func:`tether.data.episode_pairs.episode_pairs`. The
+    completion is the conversation the trajectory's tokens render: a last observation no turn answered
+    (the episode hit ``max_turns``) is left out."""
+    last = len(trajectory.turns) - 1
+    turns = [(t.text, t.observation if i < last else None) for i, t in enumerate(trajectory.turns)]
+    prompt = renderer.first_messages(trajectory.observation)
+    record = {"prompt": prompt, "completion": renderer.messages(trajectory.observation, turns)[len(prompt):],
+              "outcome": trajectory.outcome}
+    return {**record, "tools": renderer.template_tools} if renderer.template_tools else record
 
 
 def environment_renderer(env: EnvironmentConfig, tokenizer: Any) -> tuple[Callable[[], Environment], ChatRenderer]:

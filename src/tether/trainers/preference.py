@@ -2,7 +2,7 @@
 
 One step reads: micro-batches of pairs -> chosen and rejected through the policy in one
 padding-free packed forward pass -> summed completion log-probs -> a ``PREFERENCE_LOSSES`` entry
-(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | slic | sppo_hard | sppo | tdpo | ...``,
+(``loss: sigmoid | cdpo | robust | ipo | hinge | rpo | simpo | orpo | slic | sppo_hard | sppo | tdpo | dmpo | ...``,
 or a dict of weights for ``mixed_preference_loss``) against cached reference log-probs -> one update.
 ``loss: kto`` uses ``UNPAIRED_LOSSES["kto"]`` on ``{prompt, completion, label}`` records.
 
@@ -13,6 +13,7 @@ How it departs from a textbook DPO loop:
   ``<stage>/reference_logps.pt`` for resume); no reference model is held during training.
   SimPO and ORPO are reference-free and compute none. TDPO's sequential KL needs the reference's full
   distributions, which are not cached: a frozen copy of the initial weights runs on each micro-batch.
+  DMPO's per-turn reference sums are cached like the summed ones (:mod:`tether.trainers.turn_reference`).
 - KTO's KL baseline uses mismatched pairs inside each micro-batch (completion j with the prompt
   of example j+1, as TRL). To cache their reference log-probs, KTO micro-batches keep a fixed
   composition across epochs (only their order is reshuffled); paired losses reshuffle freely.
@@ -51,10 +52,11 @@ from tether.data.schedule import BatchSchedule, chunks
 from tether.data.step_pairs import step_pairs
 from tether.evaluation import Figures, with_intervals
 from tether.models.loading import frozen_copy
-from tether.models.logprobs import example_logprobs, pair_logprobs, preference_inputs
+from tether.models.logprobs import example_logprobs, preference_inputs
 from tether.rewards.scorer import RewardModelScorer
 from tether.tasks.preferences import split_pairs
 from tether.trainers.loop import Trainer
+from tether.trainers.turn_reference import held_out_inputs, pair_reference_logprobs, with_reference_turns
 
 log = logging.getLogger(__name__)
 
@@ -212,22 +214,19 @@ class PreferenceTrainer(Trainer):
         out = [sequence_logprobs(*self.example_logprobs(chunk), average=False) for chunk in chunks(list(examples), size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
 
-    @torch.no_grad()
-    def summed_pair_logprobs(self, pairs: Sequence[PairExample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed completion log-probs of chosen and of rejected under the current weights, in chunks
-        laid out as in training (a pair's common prefix shared)."""
+    @property
+    def turns(self) -> bool:
+        """Whether the loss reads per-turn log-probs (DMPO)."""
+        return "turn_logprobs" in self.config.loss_needs
+
+    def pair_reference(self, pairs: Sequence[PairExample]) -> dict[str, torch.Tensor]:
+        """Summed completion log-probs of chosen and of rejected under the current weights (and, for turn-level
+        losses, per assistant turn), in chunks laid out as in training (a pair's common prefix shared)."""
         self.model.eval()
         data = self.config.data
-        out = []
-        for chunk in chunks(list(pairs), self.config.train.batch_size):
-            tok, mask = pair_logprobs(self.model, chunk, row_tokens=data.pack_length,
-                                         pad_token_id=self.tokenizer.pad_token_id, packing=data.packing,
-                                         prefix_sharing=data.prefix_sharing)
-            out.append(sequence_logprobs(tok, mask, average=False).cpu().view(2, -1))
-        if not out:
-            return torch.zeros(0), torch.zeros(0)
-        chosen, rejected = torch.cat(out, dim=1)
-        return chosen, rejected
+        return pair_reference_logprobs(self.model, pairs, batch_size=self.config.train.batch_size, turns=self.turns,
+                                       row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
+                                       packing=data.packing, prefix_sharing=data.prefix_sharing)
 
     def prepare_reference(self, *, use_cache: bool) -> None:
         """Reference log-probs of every training and held-out sequence, from the initial weights.
@@ -241,7 +240,8 @@ class PreferenceTrainer(Trainer):
         fingerprint = self._fingerprint()
         if use_cache and path.exists():
             cached = torch.load(path, map_location="cpu", weights_only=True)
-            if cached.get("fingerprint") == fingerprint:
+            turn_keys = {"train_chosen_turns"} if self.turns else set()
+            if cached.get("fingerprint") == fingerprint and turn_keys <= set(cached["logps"]):
                 self.ref = cached["logps"]
                 log.info("%s: reference log-probs from %s", self.stage, path)
                 return
@@ -257,7 +257,7 @@ class PreferenceTrainer(Trainer):
         else:
             ref = {}
             for split, pairs in (("train", self.examples), ("eval", self.eval_pairs)):
-                ref[f"{split}_chosen"], ref[f"{split}_rejected"] = self.summed_pair_logprobs(pairs)
+                ref.update({f"{split}_{k}": v for k, v in self.pair_reference(pairs).items()})
         self.ref = ref
         if self.dist.is_main:
             self.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -282,12 +282,14 @@ class PreferenceTrainer(Trainer):
         return preference_inputs(self.model, pairs, ref_chosen, ref_rejected, wpo=self.config.wpo,
                            row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
                            packing=data.packing, prefix_sharing=data.prefix_sharing,
-                           reference_model=self.reference_model)
+                           reference_model=self.reference_model, turns=self.turns)
 
     def paired_loss(self, idx: list[int], global_pairs: float) -> tuple[torch.Tensor, dict]:
         device = self.device
         inputs = self.pair_inputs([self.examples[i] for i in idx], self._ref("train_chosen", idx, device),
                                   self._ref("train_rejected", idx, device))
+        if self.turns:
+            inputs = with_reference_turns(inputs, self.ref["train_chosen_turns"][idx], self.ref["train_rejected_turns"][idx])
         loss, metrics = self.loss(inputs)
         return loss * len(idx) / global_pairs, metrics
 
@@ -313,6 +315,9 @@ class PreferenceTrainer(Trainer):
     @torch.no_grad()
     def preference_figures(self) -> dict[str, float]:
         """Held-out implicit-reward accuracy and margin."""
+        if self.eval_pairs and self.turns:  # the loss's own reward over turns (DMPO)
+            _, metrics = self.loss(held_out_inputs(self.pair_reference(self.eval_pairs), self.ref))
+            return self._own_reward_figures(metrics)
         if self.eval_pairs:
             chosen = self.summed_logprobs([p.chosen for p in self.eval_pairs])
             rejected = self.summed_logprobs([p.rejected for p in self.eval_pairs])
@@ -324,9 +329,7 @@ class PreferenceTrainer(Trainer):
                                         for p in self.eval_pairs], dtype=torch.float)
                 _, metrics = self.loss(PreferenceInputs(chosen, rejected, chosen_lengths=lengths[:, 0],
                                                         rejected_lengths=lengths[:, 1]))
-                prefix = f"{self.config.loss_names[0]}/" if isinstance(self.config.loss, dict) else ""
-                return {"implicit_accuracy": float(metrics[f"{prefix}rewards/accuracy"]),
-                        "implicit_margin": float(metrics[f"{prefix}rewards/margin"])}
+                return self._own_reward_figures(metrics)
             return with_intervals({"implicit_accuracy": float((r_c > r_r).float().mean()),
                                    "implicit_margin": float((r_c - r_r).mean()),
                                    "rewards/chosen": float(r_c.mean()), "rewards/rejected": float(r_r.mean())},
@@ -339,6 +342,11 @@ class PreferenceTrainer(Trainer):
             return {"rewards/desirable": float(good), "rewards/undesirable": float(bad),
                     "implicit_margin": float(good - bad)}
         return {}
+
+    def _own_reward_figures(self, metrics: dict) -> dict[str, float]:
+        prefix = f"{self.config.loss_names[0]}/" if isinstance(self.config.loss, dict) else ""
+        return {"implicit_accuracy": float(metrics[f"{prefix}rewards/accuracy"]),
+                "implicit_margin": float(metrics[f"{prefix}rewards/margin"])}
 
     def evaluate(self) -> dict[str, float]:
         preference = self.preference_figures()
