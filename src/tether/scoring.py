@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tether.config.rewards import JudgeConfig, RewardSpec, ScorerConfig
+from tether.config.rewards import JudgeConfig, RewardRoutes, RewardSpec, ScorerConfig
 from tether.core.pairing import pairwise_scores
 from tether.rewards import REWARD_FUNCTIONS, RewardComposer, as_reward_spec
 from tether.rewards.judge import (
@@ -34,6 +34,7 @@ from tether.rewards.judge import (
     PointwiseJudge,
     as_backend,
 )
+from tether.rewards.routing import RoutedRewardComposer
 
 NOT_COLUMNS = ("prompt", "completion")
 
@@ -119,16 +120,31 @@ def local_reward_composer(specs: Sequence[RewardSpec | dict | Callable], *, on_e
 
 
 def reward_composer(specs: Sequence[RewardSpec | dict | Callable], *, on_error: str = "raise",
-                    defaults: dict[str, Any] | None = None, workers: int = 0) -> Any:
+                    defaults: dict[str, Any] | None = None, workers: int = 0,
+                    routes: RewardRoutes | dict | None = None) -> Any:
     """A reward list as a composer: in this process, or (``workers`` > 0) spread over Ray actors, each
     building its own with :func:`local_reward_composer`. ``defaults``: options for functions that take
-    them (a stage's task)."""
+    them (a stage's task). ``routes``: reward lists per prompt type instead of ``specs``
+    (:func:`routed_reward_composer`)."""
+    if routes is not None:
+        return routed_reward_composer(routes, on_error=on_error, defaults=defaults, workers=workers)
     if workers:
         from tether.rewards.ray_scoring import RayRewardComposer
 
         return RayRewardComposer([as_reward_spec(s) for s in specs], on_error=on_error, num_workers=workers,
                                  factory=partial(local_reward_composer, defaults=defaults))
     return local_reward_composer(specs, on_error=on_error, defaults=defaults)
+
+
+def routed_reward_composer(routes: RewardRoutes | dict, *, on_error: str = "raise",
+                           defaults: dict[str, Any] | None = None, workers: int = 0) -> RoutedRewardComposer:
+    """Reward lists routed by a record column (:class:`~tether.rewards.routing.RoutedRewardComposer`), each route's
+    list built as :func:`reward_composer` builds one."""
+    routes = routes if isinstance(routes, RewardRoutes) else RewardRoutes.model_validate(routes)
+    composers = {kind: reward_composer(route.rewards, on_error=on_error, defaults=defaults, workers=workers)
+                 for kind, route in routes.routes.items()}
+    return RoutedRewardComposer(composers, by=routes.by,
+                                answer_only=[kind for kind, route in routes.routes.items() if route.answer_only])
 
 
 # ---- the scorer ----------------------------------------------------------------------------------------

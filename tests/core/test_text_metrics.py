@@ -38,5 +38,32 @@ def test_an_evaluation_reports_the_metrics_it_is_asked_for():
                             progress=False)
     assert {"distinct_1", "distinct_2", "reflection/words", "reflection/share"} <= set(figures)
     assert "length/correct" not in figures
-    with pytest.raises(ValueError, match="unknown metric 'nope'; valid: distinct, length_by_outcome, likelihood_reward_agreement, perplexity, reflection"):
+    with pytest.raises(ValueError, match="unknown metric 'nope'; valid: distinct, language_consistency, length_by_outcome, likelihood_reward_agreement, perplexity, reflection"):
         EvalConfig(metrics=["nope"])
+
+
+def test_language_consistency_by_hand():
+    from tether.core.text_metrics import cot_consistency, language_consistency, thinking_text
+
+    # words: 7, 5, 12, 1 (c1: the c is no digit of either vocabulary) -> all own
+    assert language_consistency("7+5=12 c1|") == 1.0
+    # H, F, BC, B in letters; 12 in digits -> 1 of 5
+    assert language_consistency("H+F=BC cB|12") == pytest.approx(1 / 5)
+    # a word mixing both vocabularies (1B) is not in the target one: 7 and 5 of 7, 5, 1B
+    assert language_consistency("7+5=1B") == pytest.approx(2 / 3)
+    assert language_consistency("no numbers here") is None
+    assert language_consistency("xy 12", own="xy", other="12") == 0.5  # other vocabularies
+    with pytest.raises(ValueError, match="share characters"):
+        language_consistency("1", own="01", other="1A")
+    assert thinking_text("<think>a</think>b") == "a" and thinking_text("<think>open") == "open"
+    assert thinking_text("no tags") is None
+    # only the chain of thought counts: the answer after </think> is left out
+    assert cot_consistency("<think>H+F=BC cB|</think>12") == 0.0
+    assert cot_consistency("12") is None and cot_consistency("<think>ok</think>12") is None
+
+
+def test_language_consistency_metric_by_hand():
+    out = TEXT_METRICS.get("language_consistency")(["<think>1+A=B</think>2", "<think>3</think>3", "7"], [0, 1, 0])
+    # 1/3 and 1; the third has no chain of thought
+    assert out == {"consistency": pytest.approx(2 / 3), "consistency/n": 2.0}
+    assert math.isnan(TEXT_METRICS.get("language_consistency")(["7"], [1])["consistency"])

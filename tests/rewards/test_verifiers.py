@@ -229,3 +229,15 @@ def test_an_overlong_answer_scores_zero_without_being_parsed(monkeypatch):
     monkeypatch.setattr(math_verify, "parse", never)
     monkeypatch.setattr("tether.rewards.verifiers._parse_gold", lambda key, timeout: [2, "2"])
     assert math_reward(["p"], ["\\boxed{" + "1+" * 300 + "1}"], ["2"], max_answer_chars=512) == [0.0]
+
+
+def test_language_consistency_reward_by_hand():
+    from tether.rewards.verifiers import REWARD_FUNCTIONS
+
+    fn = REWARD_FUNCTIONS.get("language_consistency")
+    completions = ["<think>7+5=12 c1|</think>12", "<think>H+F=BC cB|1+1=2</think>12", "12", "<think>ok</think>1"]
+    # 4 of 4 own; H F BC B letters, 1 1 2 digits -> 3 of 7; no block; no number word
+    assert fn(["EH+IF="] * 4, completions) == [1.0, pytest.approx(3 / 7), None, None]
+    # a prompt that opens the block: the completion continues it
+    assert fn(["7+5=<think>"], ["A+B=C</think>3"]) == [0.0]
+    assert fn(["p"], ["<think>ab 1</think>"], own="ab", other="0123456789") == [0.5]

@@ -93,3 +93,25 @@ def test_worked_pretraining_text_has_the_algorithm_but_no_tags():
     assert rest.endswith(f"so {int(a) + int(b)}")
     with pytest.raises(ValueError, match="pretrain_format"):
         get_task("arithmetic", pretrain_format="nope")
+
+
+def test_letter_digits_prompts_answers_and_pretraining_text():
+    from tether.tasks.base import is_held_out
+
+    task = get_task("arithmetic", digits=3, letter_digits=0.5, pretrain_format="worked")
+    problems = draw_problems(task, 400, seed=0, split="train")
+    letters = [p for p in problems if p.prompt[0].isalpha()]
+    assert 150 < len(letters) < 250  # about half
+    for p in problems:
+        digit_prompt = p.prompt.translate(str.maketrans("ABCDEFGHIJ", "0123456789"))
+        solved = get_task("arithmetic", digits=3).solve(digit_prompt)
+        assert p.answer == solved.answer and p.reasoning == solved.reasoning  # answer and steps in digits
+        assert task.solve(p.prompt).answer == p.answer
+        assert not is_held_out(get_task("arithmetic").solve(digit_prompt), 0.1)  # split by the digit form
+    p = task.solve("EH+IF=")
+    assert (p.prompt, p.answer, p.reasoning) == ("EH+IF=", "132", "7+5=12 c1|4+8+1=13 c1|")
+    assert task.pretrain_text(p) == "EH+IF: H+F=BC cB|E+I+B=BD cB| so BDC"  # letters throughout
+    assert task.solve("EH+85=") is None and task.verify("<think>x</think>132", "132") == 1.0
+    assert get_task("arithmetic", digits=3, letter_digits=0.0).sample(random.Random(0)).prompt[0].isdigit()
+    with pytest.raises(ValueError, match="letter_digits"):
+        get_task("arithmetic", letter_digits=1.5)

@@ -58,6 +58,8 @@ _EXPORTS = {
     "RLAIFConfig": "tether.config.cai",
     "RLConfig": "tether.config.rl",
     "RewardModelConfig": "tether.config.preference",
+    "RewardRoute": "tether.config.rewards",
+    "RewardRoutes": "tether.config.rewards",
     "RewardSpec": "tether.config.rewards",
     "RolloutConfig": "tether.config.rl",
     "SFTConfig": "tether.config.sft",

@@ -122,7 +122,8 @@ class EvalConfig(StrictModel):
     prompt_template: str = Field("{prompt}", description="how a problem becomes the prompt, e.g. '{prompt}<think>'")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
     metrics: list[str] = Field(default_factory=list, description="extra figures: text metrics of the greedy "
-                               "completions (distinct, length_by_outcome, reflection) and likelihood metrics "
+                               "completions (distinct, length_by_outcome, reflection, language_consistency) and "
+                               "likelihood metrics "
                                "(perplexity; likelihood_reward_agreement, with samples > 1)")
     perplexity_data: str | None = Field(None, description="held-out texts for the perplexity metric: a .jsonl / "
                                         ".json / .parquet file of prompt+completion, messages or text records; "

@@ -2,14 +2,15 @@
 
 - :class:`DataConfig`: SFT / pretraining text and demonstrations, tokenised and packed; one source, or a
   weighted ``mix`` of several (:class:`MixSource`);
-- :class:`PromptDataConfig`: prompts (with their answers and other columns) that a stage samples from;
+- :class:`PromptDataConfig`: prompts (with their answers and other columns) that a stage samples from; one
+  source, or a weighted ``mix`` (:class:`PromptMixSource`, each source's records tagged with its ``columns``);
 - :class:`PairDataConfig` / :class:`PreferenceDataConfig`: preference pairs or stepwise traces.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -94,12 +95,34 @@ class DataConfig(StrictModel):
         return self
 
 
+class PromptMixSource(MixSource):
+    """One source of a prompt mix: a prompt file or a task's split, its weight, and ``columns`` added to each of
+    its records (``{kind: general}``: what reward routes read)."""
+
+    columns: dict[str, Any] = Field(default_factory=dict, description="fields added to every record of the "
+                                                                      "source, e.g. {kind: reasoning}")
+
+    @model_validator(mode="after")
+    def _prompt_fields(self) -> PromptMixSource:
+        if self.format is not None or self.on_error is not None:
+            raise ValueError("a prompt mix source takes no format / on_error (prompt files are read as they are); "
+                             "remove them")
+        clash = sorted(set(self.columns) & {"prompt"})
+        if clash:
+            raise ValueError(f"a prompt mix source's columns cannot set {clash[0]!r}; name the column otherwise")
+        return self
+
+
 class PromptDataConfig(StrictModel):
-    """Prompts with their answers and other columns: a file, or a task split."""
+    """Prompts with their answers and other columns: a file, a task split, or a weighted ``mix`` of those."""
 
     path: str | None = Field(None, description="a jsonl / json / parquet file with a 'prompt' field (other "
                                                "columns, e.g. 'answer', are kept), or a .txt file, one per line")
     task: TaskSource | None = Field(None, description="prompts drawn from a built-in task instead of a file")
+    mix: list[PromptMixSource] | None = Field(None, description="several prompt sources by weight instead of path "
+                                                                "/ task, each with its own columns (e.g. kind)")
+    mix_size: int | None = Field(None, ge=1, description="mix: prompts in all; None: as many as the sources hold "
+                                                         "together")
     split: Literal["train", "eval"] = Field("train", description="task: which split the prompts come from")
     chat: bool = Field(False, description="wrap prompts in the chat template")
     prompt_template: str = Field("{prompt}", description="e.g. '{prompt}<think>' for an R1-Zero template")
@@ -108,8 +131,18 @@ class PromptDataConfig(StrictModel):
     def _one_source(self) -> PromptDataConfig:
         if "{prompt}" not in self.prompt_template:
             raise ValueError("prompt_template must contain '{prompt}'")
-        if (self.path is None) == (self.task is None):
-            raise ValueError("prompts need exactly one of 'path' or 'task'")
+        if self.mix is not None:
+            if self.path is not None or self.task is not None or not self.mix:
+                raise ValueError("prompts' mix replaces path / task: list every source (at least one) in the mix")
+            names = [source.label for source in self.mix]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"the prompt mix has several sources named {', '.join(map(repr, twice))}; give "
+                                 "each a distinct 'name'")
+        elif (self.path is None) == (self.task is None):
+            raise ValueError("prompts need exactly one of 'path' or 'task' (or a 'mix' of sources)")
+        elif self.mix_size is not None:
+            raise ValueError("mix_size applies to a prompt mix only; remove it, or list the sources in mix")
         return self
 
 

@@ -2,6 +2,7 @@
 
 - :class:`RewardSpec`: one entry of a reward list (``{name, weight, kwargs}``), the one reward-spec
   type of every stage and of :class:`~tether.rewards.RewardComposer`;
+- :class:`RewardRoutes`: reward lists chosen per sample by a record column (``kind``: reasoning / general);
 - :class:`JudgeConfig`: an LLM-as-a-judge and the engine behind it;
 - :class:`ScorerConfig`: *the* scorer concept, one number per (prompt, completion): reward functions
   (a verifier), a trained reward model, or a judge (:func:`tether.scoring.build_scorer`);
@@ -46,6 +47,22 @@ class RewardSpec(StrictModel):
         if name is not None:
             data["name"] = name
         super().__init__(weight=weight, kwargs={} if kwargs is None else kwargs, **data)
+
+
+class RewardRoute(StrictModel):
+    """The rewards of one kind of prompt, and whether they see the whole completion or its final answer."""
+
+    rewards: list[RewardSpec] = Field(min_length=1, description="the reward functions, summed with their weights")
+    answer_only: bool = Field(False, description="score only the final answer: the text after the last </think> "
+                                                 "(none when the block is never closed), the thinking stripped")
+
+
+class RewardRoutes(StrictModel):
+    """Rewards routed by prompt type (DeepSeek-R1 Sec. 2.3.4): each sample is scored by the route its record's
+    ``by`` column names (``kind: reasoning`` -> verifiers, ``kind: general`` -> a judge on the answer only)."""
+
+    by: str = Field("kind", description="the record column whose value picks a sample's route")
+    routes: dict[str, RewardRoute] = Field(min_length=1, description="column value -> that kind's rewards")
 
 
 class JudgeSamplingConfig(SamplingConfig):

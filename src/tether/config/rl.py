@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from tether.config.base import StrictModel, deep_merge, known_name
 from tether.config.common import StageConfig, TaskSource
 from tether.config.data import PromptDataConfig
-from tether.config.rewards import RewardSpec
+from tether.config.rewards import RewardRoutes, RewardSpec
 from tether.config.sampling import SamplingConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
 from tether.core.aggregation import LOSS_AGGREGATIONS
@@ -161,6 +161,9 @@ class RLConfig(StageConfig):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="how completions are sampled")
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec("accuracy")],
                                       description="the reward functions, summed with their weights")
+    reward_routes: RewardRoutes | None = Field(None, description="rewards per prompt type instead of rewards: "
+                                               "{by: kind, routes: {reasoning: {rewards: [...]}, general: "
+                                               "{rewards: [...], answer_only: true}}}")
     gold: RewardSpec | None = Field(None, description="a reward only logged (reward/gold), never trained on")
     reward_on_error: Literal["raise", "zero"] = Field("raise", description="a reward function that raises: stop, "
                                                                           "or score the sample 0")
@@ -224,6 +227,9 @@ class RLConfig(StageConfig):
                              "old_logprobs: recompute")
         known_name(LOSS_AGGREGATIONS, self.loss_agg)
         known_name(REWARD_AGGREGATIONS, self.reward_aggregation)
+        if self.reward_routes is not None and "rewards" in self.model_fields_set:
+            raise ValueError("reward_routes replaces rewards: list each kind's rewards under reward_routes.routes "
+                             "and remove rewards")
         if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
                              f"({self.rollout.max_new_tokens})")

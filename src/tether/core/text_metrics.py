@@ -53,3 +53,55 @@ def reflection(completions: Sequence[str], correct: Sequence[float]) -> dict[str
     counts = [len(pattern.findall(text)) for text in completions]
     n = max(len(counts), 1)
     return {"reflection/words": sum(counts) / n, "reflection/share": sum(c > 0 for c in counts) / n}
+
+
+# The task's own number vocabulary and the second one the arithmetic task's ``letter_digits`` option writes
+# prompts in (0=A ... 9=J); upper-case, so that the trace's own markers (c1 carry, b1 borrow) never count.
+OWN_DIGITS, LETTER_DIGITS = "0123456789", "ABCDEFGHIJ"
+
+
+def thinking_text(completion: str) -> str | None:
+    """The chain of thought: the text between the first ``<think>`` and the last ``</think>`` (to the end when
+    the block is never closed); None when there is no ``<think>``."""
+    if "<think>" not in completion:
+        return None
+    inside = completion.split("<think>", 1)[1]
+    return inside.rsplit("</think>", 1)[0] if "</think>" in inside else inside
+
+
+def language_consistency(text: str, *, own: str = OWN_DIGITS, other: str = LETTER_DIGITS) -> float | None:
+    """The share of ``text``'s number words written in the task's own vocabulary.
+
+    DeepSeek-R1 (Guo et al. 2025, Sec. 2.3.2), the language-consistency reward: "the proportion of target
+    language words in the CoT". Here a *word* is a maximal run of characters of ``own`` or ``other`` (digits,
+    and the letter digits A-J by default); it is in the target language when all its characters are in
+    ``own``, so a word mixing both (``1B``) counts against it::
+
+        consistency = #(words of own characters only) / #(words)
+
+    None when the text has no number word (nothing to measure), rather than 1: an empty chain of thought is
+    not consistent, it is absent. Unlike the paper, which counts natural-language words, the vocabularies
+    are two spellings of the digits (``tether.tasks.arithmetic``'s ``letter_digits`` option).
+    """
+    if set(own) & set(other):
+        raise ValueError(f"the two vocabularies share characters {sorted(set(own) & set(other))}; give disjoint ones")
+    charset = "".join(sorted(set(own + other)))
+    words = re.findall(f"[{re.escape(charset)}]+", text)
+    if not words:
+        return None
+    return sum(all(ch in own for ch in word) for word in words) / len(words)
+
+
+def cot_consistency(completion: str, *, own: str = OWN_DIGITS, other: str = LETTER_DIGITS) -> float | None:
+    """:func:`language_consistency` of a completion's chain of thought (:func:`thinking_text`); None without a
+    ``<think>`` block or without a number word in it."""
+    thinking = thinking_text(completion)
+    return None if thinking is None else language_consistency(thinking, own=own, other=other)
+
+
+@TEXT_METRICS.register("language_consistency")
+def consistency(completions: Sequence[str], correct: Sequence[float]) -> dict[str, float]:
+    """The mean :func:`cot_consistency` over the completions that have one (``consistency``; NaN when none
+    has), and how many have one (``consistency/n``): whether the reasoning stays in the task's vocabulary."""
+    values = [v for v in (cot_consistency(c) for c in completions) if v is not None]
+    return {"consistency": sum(values) / len(values) if values else float("nan"), "consistency/n": float(len(values))}

@@ -16,6 +16,7 @@ from typing import Any
 from tether.config.common import TaskSource
 from tether.config.data import DataConfig, MixSource, PromptDataConfig
 from tether.data.loading import load_records
+from tether.data.mixing import Mixture
 from tether.data.schemas import DataError
 from tether.data.tokenize import tokenize_prompts
 from tether.tasks import eval_records, get_task, pretrain_records, rl_records, sft_records
@@ -82,12 +83,36 @@ def read_prompt_records(path: str | Path) -> list[dict]:
 
 
 def prompt_records(data: PromptDataConfig) -> list[dict]:
-    """The prompt block's records: read from ``path``, or drawn from the task's ``split``."""
-    if data.path is not None:
-        return read_prompt_records(data.path)
-    source = data.task
-    make = rl_records if data.split == "train" else eval_records
-    return make(_task(source), source.n, seed=source.seed)
+    """The prompt block's records: read from ``path``, drawn from the task's ``split``, or a ``mix`` of such
+    sources (:func:`mixed_prompt_records`)."""
+    if data.mix is not None:
+        return mixed_prompt_records(data)
+    return _prompt_source(data.path, data.task, data.split)
+
+
+def _prompt_source(path: str | None, task: TaskSource | None, split: str) -> list[dict]:
+    if path is not None:
+        return read_prompt_records(path)
+    make = rl_records if split == "train" else eval_records
+    return make(_task(task), task.n, seed=task.seed)
+
+
+def mixed_prompt_records(data: PromptDataConfig) -> list[dict]:
+    """The records of a prompt ``mix``: each source's records with its ``columns`` added, apportioned by weight
+    over ``mix_size`` prompts (default: the sources' total) as one epoch of an SFT mix is
+    (``tether.data.mixing``: largest remainders; a down-weighted source's records subsampled, an up-weighted
+    one's repeated), grouped by source in mix order (an RL stage shuffles its prompts)."""
+    sources = []
+    for source in data.mix or []:
+        records = _prompt_source(source.path, source.task, data.split)
+        clash = sorted(set(source.columns) & set(records[0])) if records else []
+        if clash:
+            raise DataError(f"prompt mix source {source.label!r}: its columns {clash} are already fields of its "
+                            "records; name them otherwise", source=source.label)
+        sources.append([{**record, **source.columns} for record in records])
+    mixture = Mixture.build([s.label for s in data.mix or []], sources, [s.weight for s in data.mix or []],
+                            size=data.mix_size)
+    return mixture.epoch(0)[0]
 
 
 def demonstration_records(data: PromptDataConfig) -> list[dict]:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 
 import tether.tasks  # noqa: F401  (registers the built-in tasks that ``accuracy`` looks up)
 from tether.core.registry import Registry
+from tether.core.text_metrics import LETTER_DIGITS, OWN_DIGITS, cot_consistency
 from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer, get_task
 
 RewardFunction = Callable[..., list[float | None]]
@@ -234,6 +235,29 @@ def format_reward(
         if prompt.rstrip().endswith(THINK_OPEN):
             completion = THINK_OPEN + completion
         scores.append(format_score(completion, answer_tags=answer_tags, partial_credit=partial_credit))
+    return scores
+
+
+@REWARD_FUNCTIONS.register("language_consistency")
+def language_consistency_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    own: str = OWN_DIGITS,
+    other: str = LETTER_DIGITS,
+    **_columns,
+) -> list[float | None]:
+    """DeepSeek-R1's language-consistency reward (Guo et al. 2025, Sec. 2.3.2): the proportion of target-language
+    words in the chain of thought, here the share of the ``<think>`` block's number words written in the task's
+    own digits ``own`` rather than the second vocabulary ``other`` (the letter digits A-J by default;
+    ``tether.core.text_metrics.language_consistency``). None for a completion with no ``<think>`` block or no
+    number word in it: no reward from this function (the format reward is the one that asks for the block).
+    When the prompt ends in ``<think>`` the completion is read as continuing it."""
+    scores: list[float | None] = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        if prompt.rstrip().endswith(THINK_OPEN):
+            completion = THINK_OPEN + completion
+        scores.append(cot_consistency(completion, own=own, other=other))
     return scores
 
 

@@ -6,16 +6,26 @@ digit first, with the carry (or borrow) written out, e.g. for ``47+85=``::
     <think>7+5=12 c1|4+8+1=13 c1|</think>132
 
 so a ~1M-parameter model only ever has to add two digits and a carry at each step.
+
+With ``letter_digits`` > 0 that share of the problems states its operands in a second vocabulary, the letter
+digits (0=A ... 9=J: ``EH+IF=`` is ``47+85=``), while the task's own vocabulary stays the digits: the answer,
+and the worked steps of a demonstration, are in digits. The pretraining text of such a problem is written in
+letters throughout, as a corpus in a second language would be, so a base model has seen reasoning in both and
+may mix them; ``language_consistency`` (``tether.core.text_metrics``) measures how much it does.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 
+from tether.core.text_metrics import LETTER_DIGITS
 from tether.tasks.base import TASKS, Problem, extract_answer
 
 OPERATORS = "+-*"
+_TO_LETTERS = str.maketrans("0123456789", LETTER_DIGITS)
+_FROM_LETTERS = str.maketrans(LETTER_DIGITS, "0123456789")
 
 
 def _digits(n: int) -> list[int]:
@@ -56,21 +66,32 @@ def multiplication_trace(a: int, b: int) -> str:
 TRACES = {"+": addition_trace, "-": subtraction_trace, "*": multiplication_trace}
 
 
+@dataclass(frozen=True)
+class LetterProblem(Problem):
+    """A problem stated in letter digits; ``split_key`` is its digit prompt, so that both spellings of one
+    problem fall on the same side of the held-out split."""
+
+    split_key: str = ""
+
+
 class Arithmetic:
-    """``a op b`` with operands of ``min_digits``..``digits`` digits; verifier: exact integer match."""
+    """``a op b`` with operands of ``min_digits``..``digits`` digits; verifier: exact integer match.
+    ``letter_digits``: the share of prompts written in the letter digits A-J (see the module docstring)."""
 
     name = "arithmetic"
 
     def __init__(self, digits: int = 2, min_digits: int = 1, operators: str = "+",
-                 pretrain_format: str = "equation") -> None:
+                 pretrain_format: str = "equation", letter_digits: float = 0.0) -> None:
         if not 1 <= min_digits <= digits <= 12:
             raise ValueError(f"need 1 <= min_digits <= digits <= 12, got min_digits={min_digits}, digits={digits}")
         if not operators or any(op not in OPERATORS for op in operators):
             raise ValueError(f"operators must be a non-empty string of {OPERATORS!r}, got {operators!r}")
         if pretrain_format not in ("equation", "worked"):
             raise ValueError(f"pretrain_format must be 'equation' or 'worked', got {pretrain_format!r}")
+        if not 0.0 <= letter_digits <= 1.0:
+            raise ValueError(f"letter_digits is the share of prompts in letter digits, in [0, 1]; got {letter_digits}")
         self.digits, self.min_digits, self.operators = digits, min_digits, operators
-        self.pretrain_format = pretrain_format
+        self.pretrain_format, self.letter_digits = pretrain_format, letter_digits
 
     def _operand(self, rng: random.Random) -> int:
         n_digits = rng.randint(self.min_digits, self.digits)
@@ -80,17 +101,22 @@ class Arithmetic:
     def sample(self, rng: random.Random) -> Problem:
         a, b, op = self._operand(rng), self._operand(rng), rng.choice(self.operators)
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return Problem(prompt=f"{a}{op}{b}=", answer=str(result), reasoning=TRACES[op](a, b))
+        prompt = f"{a}{op}{b}="
+        if self.letter_digits and rng.random() < self.letter_digits:  # no draw at 0: the same problems as before
+            return LetterProblem(prompt.translate(_TO_LETTERS), str(result), TRACES[op](a, b), split_key=prompt)
+        return Problem(prompt=prompt, answer=str(result), reasoning=TRACES[op](a, b))
 
     def solve(self, prompt: str) -> Problem | None:
-        """The problem a prompt such as ``47+85=`` states, with its answer and worked steps; None when
-        the prompt is not one this task writes."""
-        match = re.fullmatch(r"\s*(\d+)([+*-])(\d+)=\s*", prompt)
-        if match is None or match[2] not in self.operators:
+        """The problem a prompt such as ``47+85=`` (or ``EH+IF=`` in letter digits) states, with its answer and
+        worked steps (in digits); None when the prompt is not one this task writes."""
+        match = re.fullmatch(r"\s*(\d+|[A-J]+)([+*-])(\d+|[A-J]+)=\s*", prompt)
+        if match is None or match[2] not in self.operators or match[1].isdigit() != match[3].isdigit():
             return None
-        a, op, b = int(match[1]), match[2], int(match[3])
+        a, op, b = int(match[1].translate(_FROM_LETTERS)), match[2], int(match[3].translate(_FROM_LETTERS))
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return Problem(prompt=f"{a}{op}{b}=", answer=str(result), reasoning=TRACES[op](a, b))
+        canonical = f"{a}{op}{b}="
+        return Problem(prompt=canonical if match[1].isdigit() else canonical.translate(_TO_LETTERS),
+                       answer=str(result), reasoning=TRACES[op](a, b))
 
     def verify(self, completion: str, answer: str) -> float:
         """1.0 when the text after ``</think>`` is exactly the integer answer, else 0.0."""
@@ -104,10 +130,17 @@ class Arithmetic:
         """Raw text without the ``<think>`` protocol: plain equations (``47+85=132``), or with
         ``pretrain_format="worked"`` the column work in prose-like form
         (``47+85: 7+5=12 c1|4+8+1=13 c1| so 132``), so a base model can know the algorithm
-        while never having seen the reasoning tags."""
+        while never having seen the reasoning tags. A letter-digit problem's text is in letter digits
+        throughout (``EH+IF: H+F=BC cB|...``)."""
         if self.pretrain_format == "worked":
-            return f"{problem.prompt[:-1]}: {problem.reasoning} so {problem.answer}"
-        return f"{problem.prompt}{problem.answer}"
+            text = f"{problem.prompt[:-1]}: {problem.reasoning} so {problem.answer}"
+        else:
+            text = f"{problem.prompt}{problem.answer}"
+        return text.translate(_TO_LETTERS) if _in_letters(problem.prompt) else text
+
+
+def _in_letters(prompt: str) -> bool:
+    return any(ch in LETTER_DIGITS for ch in prompt)
 
 
 TASKS.register("arithmetic")(Arithmetic)

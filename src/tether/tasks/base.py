@@ -67,8 +67,9 @@ def get_task(name: str, **options) -> Task:
 
 
 def is_held_out(problem: Problem, eval_fraction: float) -> bool:
-    """Deterministic split by problem content: the same problem is always on the same side."""
-    digest = hashlib.sha256(problem.prompt.encode()).digest()
+    """Deterministic split by problem content: the same problem is always on the same side (a problem with a
+    ``split_key``, one problem written several ways, is split by that key instead of its prompt)."""
+    digest = hashlib.sha256(getattr(problem, "split_key", problem.prompt).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
 
 

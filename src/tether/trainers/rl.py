@@ -104,7 +104,8 @@ class RLTrainer(CriticSteps, Trainer):
                                    worker_model=cfg.model.model_dump(exclude={"lora", "device"}))
         defaults = cfg.reward_defaults()
         self.rewards = reward_composer(reward_functions if reward_functions is not None else cfg.rewards,
-                                       on_error=cfg.reward_on_error, defaults=defaults, workers=cfg.reward_workers)
+                                       on_error=cfg.reward_on_error, defaults=defaults, workers=cfg.reward_workers,
+                                       routes=cfg.reward_routes if reward_functions is None else None)
         gold = gold_functions if gold_functions is not None else ([cfg.gold] if cfg.gold else [])
         self.gold = reward_composer(gold, on_error=cfg.reward_on_error, defaults=defaults) if gold else None
         self.ref_model = self._reference_model()
