@@ -21,6 +21,7 @@ from tether.core.preference import (
     PreferenceInputs,
     _batch_mean,
     _require,
+    _reward_metrics,
 )
 
 
@@ -105,15 +106,7 @@ def dmpo_loss(inputs: PreferenceInputs, *, beta: float = 0.1, dmpo_gamma: float 
              "ref_rejected_turn_logps", "chosen_turns", "rejected_turns")
     r_c = beta * _discounted_logratio(inputs, "chosen", dmpo_gamma)
     r_r = beta * _discounted_logratio(inputs, "rejected", dmpo_gamma)
-    chosen, rejected = r_c.detach(), r_r.detach()
-    metrics = {
-        "rewards/chosen": chosen.mean(),
-        "rewards/rejected": rejected.mean(),
-        "rewards/margin": (chosen - rejected).mean(),
-        "rewards/accuracy": (chosen > rejected).float().mean(),
-        "logps/chosen": inputs.chosen_logps.detach().mean(),
-        "logps/rejected": inputs.rejected_logps.detach().mean(),
-        "turns/chosen": inputs.chosen_turns.detach().float().mean(),
-        "turns/rejected": inputs.rejected_turns.detach().float().mean(),
-    }
+    metrics = _reward_metrics(r_c, r_r, inputs)
+    metrics["turns/chosen"] = inputs.chosen_turns.detach().float().mean()
+    metrics["turns/rejected"] = inputs.rejected_turns.detach().float().mean()
     return _batch_mean(-F.logsigmoid(r_c - r_r), inputs.weights), metrics

@@ -230,12 +230,13 @@ def format_reward(
     """
     if not 0.0 <= partial_credit <= 1.0:
         raise ValueError(f"partial_credit must be in [0, 1], got {partial_credit}")
-    scores: list[float | None] = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        if prompt.rstrip().endswith(THINK_OPEN):
-            completion = THINK_OPEN + completion
-        scores.append(format_score(completion, answer_tags=answer_tags, partial_credit=partial_credit))
-    return scores
+    return [format_score(_continued(p, c), answer_tags=answer_tags, partial_credit=partial_credit)
+            for p, c in zip(prompts, completions, strict=True)]
+
+
+def _continued(prompt: str, completion: str) -> str:
+    """The completion as the model wrote it: after a prompt that ends in ``<think>``, it continues that block."""
+    return THINK_OPEN + completion if prompt.rstrip().endswith(THINK_OPEN) else completion
 
 
 @REWARD_FUNCTIONS.register("language_consistency")
@@ -253,12 +254,7 @@ def language_consistency_reward(
     ``tether.core.text_metrics.language_consistency``). None for a completion with no ``<think>`` block or no
     number word in it: no reward from this function (the format reward is the one that asks for the block).
     When the prompt ends in ``<think>`` the completion is read as continuing it."""
-    scores: list[float | None] = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        if prompt.rstrip().endswith(THINK_OPEN):
-            completion = THINK_OPEN + completion
-        scores.append(cot_consistency(completion, own=own, other=other))
-    return scores
+    return [cot_consistency(_continued(p, c), own=own, other=other) for p, c in zip(prompts, completions, strict=True)]
 
 
 @REWARD_FUNCTIONS.register("regex")

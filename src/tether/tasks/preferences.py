@@ -125,6 +125,11 @@ def _wrong_completion(problem: Problem, rng: random.Random, errors: Sequence[str
     return [*steps, answer], bad, "slip"
 
 
+def _correct_steps(problem: Problem) -> list[str]:
+    """The problem's own worked steps (cut at ``|``) and its answer last: the correct completion's steps."""
+    return [*[s for s in problem.reasoning.split(STEP_SEPARATOR) if s], problem.answer]
+
+
 def _join(steps: list[str]) -> str:
     """Column steps + answer -> ``<think>s1|s2|</think>answer`` (the SFT completion layout)."""
     return f"{THINK_OPEN}{''.join(s + STEP_SEPARATOR for s in steps[:-1])}{THINK_CLOSE}{steps[-1]}"
@@ -214,7 +219,7 @@ def stepwise_records(task: Task, n: int, *, seed: int = 0, split: str = "train",
             steps, bad, _ = _wrong_completion(problem, rng, errors)
             labels = [int(i < bad) for i in range(len(steps))]
         else:
-            steps = [*[s for s in problem.reasoning.split(STEP_SEPARATOR) if s], problem.answer]
+            steps = _correct_steps(problem)
             labels = [1] * len(steps)
         # the tags ride on the first and last step, so joining the steps with "|" gives the completion
         text_steps = completion_steps(_join(steps))
@@ -241,7 +246,7 @@ def ranking_records(task: Task, n: int, *, seed: int = 0, split: str = "train", 
     rng = random.Random(f"ranking:{task.name}:{completions}:{split}:{seed}")
     records = []
     for problem in problems:
-        correct = [*[st for st in problem.reasoning.split(STEP_SEPARATOR) if st], problem.answer]
+        correct = _correct_steps(problem)
         answers = [(format_completion(problem, think=True), 0), (_padded(correct, rng), 1)]
         wrong: list[list[str]] = []
         for _ in range(20 if completions > 2 else 0):
