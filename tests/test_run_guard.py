@@ -48,6 +48,17 @@ def test_a_half_done_stage_under_changed_settings_is_refused_with_the_keys(tmp_p
     assert moved == settings
 
 
+def test_a_finished_stage_without_recorded_settings_is_reused_with_a_warning(tmp_path, caplog):
+    """Stages trained before settings were recorded cannot be checked: they are reused, and the log says so
+    (a rerun into an old directory once reused such a stage under a changed configuration unseen)."""
+    (tmp_path / "sft").mkdir()
+    check_stage_settings(tmp_path / "sft", {"optim.lr": 1e-3})  # not started: nothing to say
+    assert "predates" not in caplog.text
+    (tmp_path / "sft" / "stage.json").write_text("{}")
+    check_stage_settings(tmp_path / "sft", {"optim.lr": 1e-3})
+    assert "predates recorded configurations" in caplog.text
+
+
 def test_a_relative_run_directory_only_rewrites_paths_inside_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = SFTConfig(name="sft", model={"name_or_path": "pretrain"}, optim={"lr": 0.002})

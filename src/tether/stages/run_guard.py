@@ -113,6 +113,9 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
     started) under other settings; nothing when it was not, or when it predates the record."""
     path = stage_dir / STAGE_CONFIG_FILE
     if not path.exists():
+        if (stage_dir / "stage.json").exists():
+            log.warning("stage %r in %s predates recorded configurations: it is reused without checking that it was "
+                        "trained under this one (delete it to train it again)", stage_dir.name, stage_dir.parent)
         return
     before = json.loads(path.read_text())
     changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>"))
