@@ -149,8 +149,11 @@ def test_prm_beam_search_end_to_end_on_the_tiny_model(tmp_path, tiny_prm):
         assert isinstance(result.text, str) and 1 <= result.steps <= 3
         assert len(result.ids) <= cfg.max_new_tokens and result.tokens >= len(result.ids)
         assert result.candidates <= 4 + 2 * 2 * 2
-    again = search_answers(model, tokenizer, prompts, cfg, prm, beam_width=2, expansions=2, max_steps=3)
+    progress = []
+    again = search_answers(model, tokenizer, prompts, cfg, prm, beam_width=2, expansions=2, max_steps=3,
+                           on_progress=progress.append)
     assert [(r.text, r.tokens) for r in again] == [(r.text, r.tokens) for r in found]  # seeded
+    assert progress == [2, 3]  # problems searched after each batch of cfg.batch_size
     with pytest.raises(ValueError, match="process reward model"):
         search_answers(model, tokenizer, prompts, cfg, RewardModelScorer(tiny_prm, process=False), beam_width=1,
                        expansions=1)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from rich import get_console
 
 from tether.config.common import EvalConfig, ModelConfig
 from tether.config.distill import SearchConfig
@@ -35,6 +37,7 @@ from tether.models.loading import resolve_model
 from tether.rewards.scorer import RewardModelScorer
 from tether.rollout import HFEngine, SamplingParams
 from tether.rollout.step_search import EngineStepProposer, SearchResult, prm_beam_search, prm_prefix_scorer
+from tether.runtime.progress import ProgressLines
 from tether.scoring import RecordScorer, build_scorer
 from tether.tasks import eval_records, get_task
 
@@ -129,8 +132,11 @@ def evaluate_best_of_n(model: Any, tokenizer: Any, cfg: EvalConfig, ns: Sequence
         prm = RewardModelScorer(search.prm, batch_size=search.batch_size, chat=cfg.chat)
         for n in ns:
             width, expansions = search.shape(n)
+            lines = ProgressLines(f"search {label} n={n}", len(prompts), "problems", enabled=progress,
+                                  console=get_console())
             found = search_answers(model, tokenizer, prompts, cfg, prm, beam_width=width, expansions=expansions,
-                                   aggregation=search.aggregation, max_steps=search.max_steps)
+                                   aggregation=search.aggregation, max_steps=search.max_steps,
+                                   on_progress=lines.update)
             right_answers = [task.verify(r.text, p["answer"]) for r, p in zip(found, prompts, strict=True)]
             results[f"search_{n}/{label}"] = sum(right_answers) / len(found)
             results[f"tokens/search_{n}/{label}"] = sum(r.tokens for r in found) / len(found)
@@ -140,11 +146,13 @@ def evaluate_best_of_n(model: Any, tokenizer: Any, cfg: EvalConfig, ns: Sequence
 
 def search_answers(model: Any, tokenizer: Any, prompts: Sequence[dict], cfg: EvalConfig, prm: RewardModelScorer, *,
                    beam_width: int, expansions: int, aggregation: str = "last", max_steps: int = 16,
-                   separator: str | None = None) -> list[SearchResult]:
+                   separator: str | None = None, on_progress: Callable[[int], None] | None = None
+                   ) -> list[SearchResult]:
     """PRM-guided step-level beam search (:func:`~tether.rollout.step_search.prm_beam_search`) on ``prompts``
     (records with a ``prompt``), ``cfg.batch_size`` prompts at a time, sampled at ``cfg.temperature`` with
     at most ``cfg.max_new_tokens`` per trace, steps cut at the PRM's separator (or ``separator``).
-    Deterministic given ``cfg.seed``: each batch of prompts is seeded ``cfg.seed + its first prompt``."""
+    Deterministic given ``cfg.seed``: each batch of prompts is seeded ``cfg.seed + its first prompt``.
+    ``on_progress(done)`` is called with the number of prompts searched after each batch."""
     if not prm.process:
         raise ValueError("PRM-guided search needs a process reward model (trained with process: true); "
                          "an outcome model scores whole answers only: use it as a best-of-n scorer")
@@ -160,6 +168,8 @@ def search_answers(model: Any, tokenizer: Any, prompts: Sequence[dict], cfg: Eva
         results += prm_beam_search(len(chunk), propose, prm_prefix_scorer(prm, chunk, aggregation),
                                    beam_width=beam_width, expansions=expansions, max_steps=max_steps,
                                    max_new_tokens=cfg.max_new_tokens)
+        if on_progress is not None:
+            on_progress(len(results))
     return results
 
 
