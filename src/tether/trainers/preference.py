@@ -107,8 +107,7 @@ class PreferenceTrainer(Trainer):
                 raise DataError(f"stage {self.stage!r}: held-out records are unpaired but loss {cfg.loss!r} "
                                 "is evaluated on preference pairs")
         self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0)
-                           for k in ("identical", "empty", "overflow", "step_no_wrong_step", "step_prefix_differs")
-                           if k in counts or k in stats or not k.startswith("step_")}
+                           for k in ("identical", "empty", "overflow", *(k for k in counts if k.startswith("step_")))}
         if counts.get("skipped"):  # bad rows left out under data.on_error: skip
             self.data_stats["skipped"] = counts["skipped"]
         if not self.examples:
