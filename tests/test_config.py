@@ -82,3 +82,11 @@ def test_temperature_zero_means_greedy_everywhere():
         OnlineDPOConfig(rollout={"temperature": 0})
     with pytest.raises(ValueError, match="two greedy responses are the same"):
         AILabelsConfig(sampling={"temperature": 0})
+
+
+def test_stop_traces_are_for_stepwise_records_only():
+    from tether.config.data import PreferenceTaskSource
+
+    assert PreferenceTaskSource(kind="stepwise", errors=["answer", "stop"]).errors == ["answer", "stop"]
+    with pytest.raises(ValidationError, match="'stop' .* is for stepwise records"):
+        PreferenceTaskSource(kind="correctness", errors=["stop"])

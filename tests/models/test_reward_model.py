@@ -75,7 +75,10 @@ def test_step_layout():
     _, tok = build_tiny_reward_model()
     ids, positions = step_sequence("1+2=", ["<think>2+1=3 c0", "</think>3"], tok, "|")
     text = tok.decode(ids)
-    assert text == "<s>1+2=<think>2+1=3 c0|</think>3|"
-    assert [tok.decode([ids[p]]) for p in positions] == ["|", "|"]
+    assert text == "<s>1+2=<think>2+1=3 c0|</think>3</s>"  # a finished trace's last step is read at eos
+    assert [tok.decode([ids[p]]) for p in positions] == ["|", "</s>"]
+    ids, positions = step_sequence("1+2=", ["<think>2+1=3 c0"], tok, "|", finished=False)
+    assert tok.decode(ids) == "<s>1+2=<think>2+1=3 c0|"  # an open trace goes on after its last step
+    assert tok.decode([ids[positions[-1]]]) == "|"
     assert split_steps("<think>a|b|</think>c", "|") == ["<think>a", "b", "</think>c"]
     assert split_steps("  |", "|") == []

@@ -52,6 +52,24 @@ def test_process_scores_aggregate_step_scores(rm):
     assert scorer.score(["1+1="], ["  "]) == [0.0]  # no step: the aggregations' empty-row value
 
 
+def test_step_scores_read_a_finished_trace_s_last_step_at_eos_and_an_open_one_s_at_the_separator(rm):
+    model, tok = rm
+    scorer = RewardModelScorer(model, tok, process=True, step_separator="|", batch_size=2)
+    prompts, completions = PROMPTS[:2] * 2, COMPLETIONS[:2] * 2
+    got = scorer.step_scores(prompts, completions, finished=[True, True, False, False])
+    assert got[:2] == scorer.step_scores(prompts[:2], completions[:2])  # finished by default
+    for prompt, completion, scores, finished in zip(prompts, completions, got, [True, True, False, False],
+                                                    strict=True):
+        steps = [s for s in completion.split("|") if s]
+        ids, positions = step_sequence(prompt, steps, tok, "|", finished=finished)
+        assert tok.decode([ids[positions[-1]]]) == ("</s>" if finished else "|")
+        expected = [float(torch.sigmoid(torch.tensor(last_token_score(model, ids[: p + 1])))) for p in positions]
+        assert scores == pytest.approx(expected, abs=1e-5)
+    assert got[0][:-1] == pytest.approx(got[2][:-1], abs=1e-5) and got[0][-1] != pytest.approx(got[2][-1])
+    with pytest.raises(ValueError, match="finished flags"):
+        scorer.step_scores(prompts, completions, finished=[True])
+
+
 def test_kind_is_read_from_the_saved_model(rm, tmp_path):
     model, tok = build_tiny_reward_model(seed=2)
     set_reward_info(model, process=True, step_separator="|", aggregation="last")

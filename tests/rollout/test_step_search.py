@@ -120,16 +120,16 @@ def test_aggregate_step_scores_by_hand():
         aggregate_step_scores(steps, "median")
 
 
-def test_prm_prefix_scorer_reads_step_scores_of_the_trace_text():
+def test_prm_prefix_scorer_reads_step_scores_of_the_trace_text_and_whether_it_finished():
     class StubPRM:
-        def step_scores(self, prompts, completions):
-            self.seen = list(zip(prompts, completions, strict=True))
+        def step_scores(self, prompts, completions, finished):
+            self.seen = list(zip(prompts, completions, finished, strict=True))
             return [[0.5] * c.count("|") + ([0.25] if not c.endswith("|") else []) for c in completions]
 
     prm = StubPRM()
     score = prm_prefix_scorer(prm, ["P0", "P1"], "min")
-    assert score([Trace(1, [1], "a|b"), Trace(0, [1], "a|")]) == pytest.approx([0.25, 0.5])
-    assert prm.seen == [("P1", "a|b"), ("P0", "a|")]
+    assert score([Trace(1, [1], "a|b", done=True), Trace(0, [1], "a|")]) == pytest.approx([0.25, 0.5])
+    assert prm.seen == [("P1", "a|b", True), ("P0", "a|", False)]
 
 
 class FakeEngine:

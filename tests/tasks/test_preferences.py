@@ -110,6 +110,26 @@ def test_stepwise_labels():
     assert all(all(r["labels"]) for r in stepwise_records(TASK, 50, wrong_fraction=0.0))
 
 
+def test_stepwise_stop_traces_end_before_the_answer_with_their_last_step_wrong():
+    records = stepwise_records(TASK, 600, wrong_fraction=0.5, errors=["answer", "dropped_carry", "stop"])
+    validate_records(records, "stepwise", "<gen>")
+    stopped = [r for r in records if "</think>" not in r["steps"][-1]]
+    assert 60 < len(stopped) < 140  # a third of the ~300 wrong traces
+    for r in stopped:
+        completion = "|".join(r["steps"])
+        assert r["labels"] == [1] * (len(r["steps"]) - 1) + [0]
+        assert completion.startswith("<think>")
+    # every step of a stopped trace is a prefix of the correct trace's steps
+    solved = {r["prompt"]: r["steps"] for r in stepwise_records(TASK, 600, wrong_fraction=0.0)}
+    assert all(r["steps"] == solved[r["prompt"]][:len(r["steps"])] for r in stopped)
+    assert all("</think>" not in r["steps"][-1] for r in stepwise_records(TASK, 50, wrong_fraction=1.0, errors=["stop"]))
+    # without 'stop' the records are those drawn before it existed
+    assert stepwise_records(TASK, 50, errors=["answer", "dropped_carry"]) == stepwise_records(
+        TASK, 50, errors=("answer", "dropped_carry"))
+    with pytest.raises(ValueError, match="errors must be"):
+        preference_records(TASK, 5, errors=["stop"])
+
+
 @pytest.mark.parametrize("operators", ["-", "*"])
 def test_other_operators_get_a_wrong_step(operators):
     task = get_task("arithmetic", digits=2, operators=operators)

@@ -255,20 +255,27 @@ def step_end_tokens(token_texts: Sequence[str], separator: str) -> list[int]:
     return ends
 
 
-def step_sequence(prompt: Any, steps: Sequence[str], tokenizer: Any, separator: str) -> tuple[list[int], list[int]]:
-    """Ids of ``prompt + step_1 + sep + step_2 + sep ...`` and the position of each separator's last token.
+def step_sequence(prompt: Any, steps: Sequence[str], tokenizer: Any, separator: str, *,
+                  finished: bool = True) -> tuple[list[int], list[int]]:
+    """Ids of ``prompt + step_1 + sep + ... + step_n + end`` and the position each step's score is read at.
 
     The prompt is tokenised as for generation (``bos + prompt``, or the chat template with the
     assistant header); each step and separator separately, so the layout is the same for every
-    record and for the scorer.
+    record and for the scorer. Every step but the last is followed by the separator; the last one by
+    eos when the trace is ``finished`` (the completion stopped there, so its last step is judged as
+    the end of the solution: a trace that stops without an answer can be told from one that goes
+    on), else by the separator (an open trace, as in step-level search). A tokenizer without an eos
+    token ends every trace with the separator.
     """
     ids = tokenize_prompt(prompt, tokenizer)
     sep = list(tokenizer(separator, add_special_tokens=False)["input_ids"])
     if not sep:
         raise ValueError(f"the step separator {separator!r} tokenises to nothing")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    end = [eos] if finished and eos is not None else sep
     positions = []
-    for step in steps:
+    for index, step in enumerate(steps):
         ids.extend(tokenizer(step, add_special_tokens=False)["input_ids"])
-        ids.extend(sep)
+        ids.extend(end if index == len(steps) - 1 else sep)
         positions.append(len(ids) - 1)
     return ids, positions

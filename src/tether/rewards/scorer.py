@@ -86,9 +86,10 @@ class RewardModelScorer:
             ids = ids[: self.max_length - 1] + ids[-1:]
         return ids, [len(ids) - 1]
 
-    def _process_sequence(self, prompt: Any, completion: str) -> tuple[list[int], list[int]]:
+    def _process_sequence(self, prompt: Any, completion: str, finished: bool = True) -> tuple[list[int], list[int]]:
         steps = split_steps(completion, self.step_separator)
-        ids, positions = step_sequence(self._prompt(prompt), steps, self.tokenizer, self.step_separator)
+        ids, positions = step_sequence(self._prompt(prompt), steps, self.tokenizer, self.step_separator,
+                                       finished=finished)
         if self.max_length and len(ids) > self.max_length:
             positions = [p for p in positions if p < self.max_length]
             ids = ids[: self.max_length]
@@ -111,15 +112,15 @@ class RewardModelScorer:
             sequences, positions = zip(*(self._outcome_sequence(p, c) for p, c in batch), strict=True)
             return score_positions(self.model, sequences, positions, row_tokens=self.row_tokens,
                                    pad_token_id=self.tokenizer.pad_token_id).cpu().tolist()
-        steps = self._step_scores_batch(batch)
+        steps = self._step_scores_batch([(p, c, True) for p, c in batch])
         width = max(max((len(s) for s in steps), default=0), 1)
         padded = torch.zeros(len(batch), width)
         mask = torch.arange(width)[None, :] < torch.tensor([len(s) for s in steps])[:, None]
         padded[mask] = torch.tensor([x for s in steps for x in s], dtype=padded.dtype)
         return self.aggregate(padded, mask).tolist()
 
-    def _step_scores_batch(self, batch: list[tuple[Any, Any]]) -> list[list[float]]:
-        sequences, positions = zip(*(self._process_sequence(p, c) for p, c in batch), strict=True)
+    def _step_scores_batch(self, batch: list[tuple[Any, Any, bool]]) -> list[list[float]]:
+        sequences, positions = zip(*(self._process_sequence(p, c, f) for p, c, f in batch), strict=True)
         # a process model may have nothing to read for an empty completion; keep one position so the
         # sequence still packs, and drop its score below
         read = [pos or [len(ids) - 1] for ids, pos in zip(sequences, positions, strict=True)]
@@ -129,17 +130,24 @@ class RewardModelScorer:
                                                                          strict=True)]
 
     @torch.no_grad()
-    def step_scores(self, prompts: Sequence[Any], completions: Sequence[str]) -> list[list[float]]:
-        """A process model's score of every step (sigmoid of the head at each step's separator), per completion:
-        the steps are the completion cut at the separator the model was trained with (empty pieces dropped)."""
+    def step_scores(self, prompts: Sequence[Any], completions: Sequence[str],
+                    finished: Sequence[bool] | None = None) -> list[list[float]]:
+        """A process model's score of every step (sigmoid of the head where the step ends), per completion.
+
+        The steps are the completion cut at the separator the model was trained with (empty pieces
+        dropped). The last step of a ``finished`` completion (all of them by default) is read at eos,
+        as the model was trained; of an open one (a partial trace in step-level search) at the separator.
+        """
         if not self.process:
             raise ValueError("step scores come from a process reward model; this one is an outcome model")
-        if len(prompts) != len(completions):
-            raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completions")
+        finished = [True] * len(completions) if finished is None else list(finished)
+        if not len(prompts) == len(completions) == len(finished):
+            raise ValueError(f"got {len(prompts)} prompts, {len(completions)} completions and {len(finished)} "
+                             "finished flags")
+        batch = list(zip(prompts, completions, finished, strict=True))
         out: list[list[float]] = []
-        for start in range(0, len(completions), self.batch_size):
-            out.extend(self._step_scores_batch(list(zip(prompts[start:start + self.batch_size],
-                                                        completions[start:start + self.batch_size], strict=True))))
+        for start in range(0, len(batch), self.batch_size):
+            out.extend(self._step_scores_batch(batch[start:start + self.batch_size]))
         return out
 
 

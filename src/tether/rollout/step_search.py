@@ -145,12 +145,13 @@ def aggregate_step_scores(step_scores: Sequence[Sequence[float]], aggregation: s
 
 
 def prm_prefix_scorer(prm: Any, prompts: Sequence[Any], aggregation: str = "last") -> ScorePrefixes:
-    """Score candidate traces with a process reward model: ``prm.step_scores(prompts, completions)``
+    """Score candidate traces with a process reward model: ``prm.step_scores(prompts, completions, finished)``
     (a :class:`~tether.rewards.scorer.RewardModelScorer`) aggregated by ``aggregation``."""
     STEP_AGGREGATIONS.get(aggregation)  # an unknown name fails here, before any sampling
 
     def score(traces: list[Trace]) -> list[float]:
-        steps = prm.step_scores([prompts[t.prompt] for t in traces], [t.text for t in traces])
+        steps = prm.step_scores([prompts[t.prompt] for t in traces], [t.text for t in traces],
+                                finished=[t.done for t in traces])
         return aggregate_step_scores(steps, aggregation)
 
     return score

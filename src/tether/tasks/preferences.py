@@ -27,6 +27,11 @@ problem: pass ``split="eval"`` for evaluation records.
   "</think>132"]``. A share ``wrong_fraction`` of traces has one wrong step injected (as in
   ``correctness``); its label and every later one are 0, the ones before it 1 (the labelling of
   Math-Shepherd, Wang et al. 2024: a step is good if the solution can still be completed from it).
+  With ``stop`` among ``errors`` a wrong trace may instead stop after one of its column steps, before
+  the answer (``<think>7+5=12 c1``): the steps it has are right and labelled 1 but its last, where it
+  ends, 0, since a solution that ends there has no answer. A process model reads the last step of a
+  trace at eos (``tether.data.tokenize.step_sequence``), so it can learn that ending is wrong; without
+  such traces a policy can stop after one plausible step and be scored as right.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ FILLERS = (
 )
 Kind = Literal["correctness", "style", "mixed"]
 ERRORS = ("slip", "dropped_carry", "answer")
+STEPWISE_ERRORS = (*ERRORS, "stop")
 
 _NUMBER = re.compile(r"\d+")
 
@@ -161,10 +167,10 @@ def _chat(record: dict, fields: tuple[str, ...]) -> dict:
     return out
 
 
-def _check_errors(errors: Sequence[str]) -> None:
-    unknown = sorted(set(errors) - set(ERRORS))
+def _check_errors(errors: Sequence[str], allowed: Sequence[str] = ERRORS) -> None:
+    unknown = sorted(set(errors) - set(allowed))
     if unknown or not errors:
-        raise ValueError(f"errors must be a non-empty list of {', '.join(ERRORS)}; got {list(errors)}")
+        raise ValueError(f"errors must be a non-empty list of {', '.join(allowed)}; got {list(errors)}")
 
 
 def preference_records(task: Task, n: int, *, seed: int = 0, split: str = "train", kind: Kind = "correctness",
@@ -210,17 +216,25 @@ def stepwise_records(task: Task, n: int, *, seed: int = 0, split: str = "train",
     """``n`` stepwise records ``{prompt, steps, labels}``; see the module docstring for the labels."""
     if not 0.0 <= wrong_fraction <= 1.0:
         raise ValueError(f"wrong_fraction must be in [0, 1], got {wrong_fraction}")
-    _check_errors(errors)
+    _check_errors(errors, STEPWISE_ERRORS)
     problems = draw_problems(task, n, seed=seed, split=split, eval_fraction=eval_fraction)
     rng = random.Random(f"stepwise:{task.name}:{split}:{seed}")
+    mistakes = [e for e in errors if e != "stop"]
     records = []
     for problem in problems:
-        if rng.random() < wrong_fraction:
-            steps, bad, _ = _wrong_completion(problem, rng, errors)
-            labels = [int(i < bad) for i in range(len(steps))]
-        else:
+        if rng.random() >= wrong_fraction:
             steps = _correct_steps(problem)
             labels = [1] * len(steps)
+        elif "stop" in errors and (not mistakes or rng.random() < 1 / len(errors)):
+            columns = _correct_steps(problem)[:-1] or [problem.answer]
+            kept = rng.randrange(1, len(columns) + 1)
+            records.append({"prompt": problem.prompt,
+                            "steps": completion_steps(THINK_OPEN + STEP_SEPARATOR.join(columns[:kept])),
+                            "labels": [1] * (kept - 1) + [0]})
+            continue
+        else:
+            steps, bad, _ = _wrong_completion(problem, rng, mistakes)
+            labels = [int(i < bad) for i in range(len(steps))]
         # the tags ride on the first and last step, so joining the steps with "|" gives the completion
         text_steps = completion_steps(_join(steps))
         records.append({"prompt": problem.prompt, "steps": text_steps, "labels": labels})
