@@ -88,5 +88,5 @@ def test_stop_traces_are_for_stepwise_records_only():
     from tether.config.data import PreferenceTaskSource
 
     assert PreferenceTaskSource(kind="stepwise", errors=["answer", "stop"]).errors == ["answer", "stop"]
-    with pytest.raises(ValidationError, match="'stop' .* is for stepwise records"):
+    with pytest.raises(ValidationError, match=r"'stop' .* is for stepwise records"):
         PreferenceTaskSource(kind="correctness", errors=["stop"])

@@ -1,4 +1,6 @@
-"""Agentic tool-use stages: the environment, the multi-turn loop, the SFT warm-up and the RL stage."""
+"""Agentic tool-use stages: the environment, the multi-turn loop, the SFT warm-up, the RL stage, and the
+stages that sample episodes into preference pairs (``agent_episodes``) and evaluate a model's episodes
+(``agent_eval``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from tether.config.base import StrictModel, deep_merge
-from tether.config.common import TaskSource
+from tether.config.common import StageConfig, TaskSource
 from tether.config.rewards import RewardSpec
 from tether.config.rl import PRESETS, CriticConfig, GRPOConfig
 from tether.config.sft import SFTConfig
@@ -82,6 +84,41 @@ class AgentSFTConfig(SFTConfig):
             task = env.get("task") if isinstance(env, dict) else None
             data = {**data, "data": {**(data.get("data") or {}), "task": task or {"name": "multiplication"}}}
         return data
+
+
+class EpisodeSamplingConfig(StrictModel):
+    """``samples`` sampled episodes of each of ``n`` training tasks."""
+
+    n: int = Field(400, ge=1, description="training tasks (the environment task's train split, first n)")
+    samples: int = Field(8, ge=2, description="episodes per task, K: a task with both a success and a failure "
+                                              "gives min(successes, failures) pairs")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    seed: int = Field(0, description="the sampling seed (and the pairing's shuffle)")
+    batch_size: int | None = Field(None, ge=1, description="episodes decoded together; None: all")
+
+
+class AgentEpisodesConfig(StageConfig):
+    """Sample episodes of ``environment`` from ``model`` and pair each task's successes with its failures
+    (DMPO's data, :func:`tether.data.episode_pairs.episode_pairs`): ``STAGE/episodes.jsonl`` and
+    ``STAGE/pairs.jsonl``, the pairs a ``dpo`` stage reads as ``data: {path: "@STAGE/pairs.jsonl"}``."""
+
+    type: Literal["agent_episodes"] = Field("agent_episodes", description="the stage type")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="the environment")
+    agent: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="the multi-turn loop "
+                                                                                "(success_threshold splits "
+                                                                                "successes from failures)")
+    episodes: EpisodeSamplingConfig = Field(default_factory=EpisodeSamplingConfig, description="what is sampled")
+    eval: None = Field(None, description="not used: evaluate with an agent_eval stage")
+
+
+class AgentEvalStageConfig(StageConfig):
+    """Held-out episodes of ``environment`` by ``model`` (greedy, and sampled with ``eval.samples``), no
+    training: the agent counterpart of the ``eval`` stage, for models trained by other stages (``dpo``)."""
+
+    type: Literal["agent_eval"] = Field("agent_eval", description="the stage type")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="the environment")
+    agent: AgentLoopConfig = Field(default_factory=AgentLoopConfig, description="the multi-turn loop")
+    eval: AgentEvalConfig = Field(default_factory=AgentEvalConfig, description="what is evaluated")
 
 
 def _trajectory() -> list[RewardSpec]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tether.config.agent import AgentConfig, AgentSFTConfig
+from tether.config.agent import AgentConfig, AgentEpisodesConfig, AgentEvalStageConfig, AgentSFTConfig
 from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
 from tether.config.common import StageConfig
 from tether.config.compare import CompareConfig
@@ -28,7 +28,7 @@ from tether.config.rl import GRPOConfig, PPOConfig
 from tether.config.rlhf import GoldDataConfig, OverOptimizationConfig
 from tether.config.sft import EvalStageConfig, PretrainConfig, SFTConfig
 from tether.core.registry import Registry
-from tether.stages import api, cai, compare, distill, judge_data, rlhf
+from tether.stages import agent_episodes, api, cai, compare, distill, judge_data, rlhf
 from tether.trainers.checkpoint import mark_done
 
 StageRun = Callable[[Any, Path, bool], dict[str, Any]]
@@ -85,6 +85,10 @@ STAGES: dict[str, StageType] = {
                            "SFT on tool-use demonstrations, observation tokens masked"),
     "agent": StageType(AgentConfig, trains(api.train_agent),
                        "multi-turn tool-use RL (GRPO family, GiGPO), observation tokens masked"),
+    "agent_episodes": StageType(AgentEpisodesConfig, agent_episodes.run_agent_episodes,
+                                "sample K episodes per task; pair successes with failures of a task (DMPO's data)"),
+    "agent_eval": StageType(AgentEvalStageConfig, agent_episodes.run_agent_eval,
+                            "held-out episodes of a model (greedy and sampled success, tool calls)"),
     "gold_data": StageType(GoldDataConfig, rlhf.run_gold_data,
                            "demonstrations and comparisons labelled by a hidden gold reward"),
     "overoptimization": StageType(OverOptimizationConfig, rlhf.run_overoptimization,
