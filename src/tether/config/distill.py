@@ -55,6 +55,25 @@ class GenerateConfig(StageConfig):
     verifier: ScorerConfig | None = Field(None, description="reports the share of samples it scores >= 1")
 
 
+class StepLabelsConfig(StageConfig):
+    """A corpus of sampled traces labelled step by step against the task's reference traces
+    (:mod:`tether.data.step_labels`): ``STAGE/stepwise.jsonl``, the records of a process reward model
+    (``rm`` stage, ``process: true``, ``data: {path: "@STAGE/stepwise.jsonl"}``)."""
+
+    type: Literal["step_labels"] = Field("step_labels", description="the stage type")
+    corpus: str = Field(..., description="the samples, a generate stage's corpus (\"@generate/corpus.jsonl\")")
+    references: TaskSource = Field(default_factory=TaskSource, description="the problems the corpus was "
+                                   "sampled from (the task's train split, n and seed as the generate stage's "
+                                   "prompts); their worked solutions are the reference traces")
+    separator: str = Field("|", min_length=1, description="the step separator (the process model's)")
+    dedupe: bool = Field(True, description="a prompt's identical samples give one record")
+    cut_fraction: float = Field(0.0, ge=0, le=1, description="that share of the traces is added again cut before "
+                                                             "its last step, the step it ends on labelled as the "
+                                                             "end of a solution")
+    seed: int = Field(0, description="which traces are cut, and where")
+    eval: None = Field(None, description="not used")
+
+
 class FilterStageConfig(StageConfig):
     """Keep the samples of a corpus worth learning from; optionally pairs for a reward model."""
 

@@ -29,6 +29,9 @@ Stage types (each a thin wrapper over a public function):
             (``filter.max_per_prompt: 1``), then SFT.                                    model
   ========  =========================================================================  =====================
 
+- ``step_labels``: a corpus's traces labelled step by step against the task's reference traces
+  (:mod:`tether.data.step_labels`), ``STAGE/stepwise.jsonl``: a process reward model trained on the
+  policy's own samples (Math-Shepherd's data) instead of synthetic mistakes.
 - ``best_of_n``: held-out accuracy of best-of-n against n for each scorer, and of each step-level
   ``search`` (PRM-guided beam search) at the same n, with tokens per problem, in the results, in
   ``STAGE/best_of_n.md`` and ``STAGE/best_of_n.png``.
@@ -51,16 +54,20 @@ from tether.config.distill import (
     FilterStageConfig,
     GenerateConfig,
     SelfDistillConfig,
+    StepLabelsConfig,
 )
 from tether.config.rewards import ScorerConfig
 from tether.config.sft import SFTConfig
-from tether.data.files import write_json_atomic
+from tether.data.files import write_json_atomic, write_jsonl_atomic
+from tether.data.step_labels import step_label_records
 from tether.data.sources import prompt_records
 from tether.filtering import filter_corpus, preference_pairs, sft_records
 from tether.generation import generate_corpus, make_engine, read_corpus, write_records
 from tether.models.loading import resolve_model
 from tether.scoring import build_scorer
 from tether.stages.api import train_sft
+from tether.tasks import get_task
+from tether.tasks.base import draw_problems, format_completion
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.metrics import MetricsLogger
 
@@ -107,6 +114,32 @@ def generate(config: GenerateConfig | dict, *, out: str | Path, model: Any = Non
 def run_generate(cfg: GenerateConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     stage_dir = run_dir / cfg.name
     results = generate(cfg, out=stage_dir / f"corpus.{cfg.output}", resume=resume)
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results
+
+
+# ---- step labels -------------------------------------------------------------------------------------
+def label_steps(cfg: StepLabelsConfig | dict, out_dir: str | Path) -> dict[str, float]:
+    """``cfg.corpus`` -> ``out_dir/stepwise.jsonl`` labelled against the reference problems; returns the counts."""
+    cfg = cfg if isinstance(cfg, StepLabelsConfig) else StepLabelsConfig.model_validate(cfg)
+    source = cfg.references
+    task = get_task(source.name, **source.options)
+    references = {p.prompt: format_completion(p, think=True)
+                  for p in draw_problems(task, source.n, seed=source.seed, split="train")}
+    records, stats = step_label_records(read_corpus(cfg.corpus), references, separator=cfg.separator,
+                                        dedupe=cfg.dedupe, cut_fraction=cfg.cut_fraction, seed=cfg.seed)
+    if not records:
+        raise ValueError(f"no stepwise records from {cfg.corpus}: {stats}")
+    write_jsonl_atomic(Path(out_dir) / "stepwise.jsonl", records)
+    log.info("labelled %d traces: %d correct, %d wrong, %d stopped early -> %s", stats["records"], stats["correct"],
+             stats["wrong"], stats["stopped"], Path(out_dir) / "stepwise.jsonl")
+    good = sum(sum(r["labels"]) for r in records) / max(sum(len(r["labels"]) for r in records), 1)
+    return {**{k: float(v) for k, v in stats.items()}, "step_good_fraction": good}
+
+
+def run_step_labels(cfg: StepLabelsConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    stage_dir = run_dir / cfg.name
+    results = label_steps(cfg, stage_dir)
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
     return results
 

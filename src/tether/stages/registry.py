@@ -16,7 +16,13 @@ from tether.config.agent import AgentConfig, AgentEpisodesConfig, AgentEvalStage
 from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
 from tether.config.common import StageConfig
 from tether.config.compare import CompareConfig
-from tether.config.distill import BestOfNConfig, FilterStageConfig, GenerateConfig, SelfDistillConfig
+from tether.config.distill import (
+    BestOfNConfig,
+    FilterStageConfig,
+    GenerateConfig,
+    SelfDistillConfig,
+    StepLabelsConfig,
+)
 from tether.config.preference import (
     DPOConfig,
     JudgeDataConfig,
@@ -106,6 +112,9 @@ STAGES: dict[str, StageType] = {
                                                                  "(resumable)"),
     "filter": StageType(FilterStageConfig, distill.run_filter,
                         "keep the samples of a corpus worth learning from (verifier, RM, ...)"),
+    "step_labels": StageType(StepLabelsConfig, distill.run_step_labels,
+                             "label each step of sampled traces against the task's reference traces (a PRM's "
+                             "data from the policy's own samples)"),
     "self_distill": StageType(SelfDistillConfig, distill.run_self_distill,
                               "STaR / ReST / RAFT: rounds of generate -> filter -> SFT"),
     "best_of_n": StageType(BestOfNConfig, distill.run_best_of_n_stage,
