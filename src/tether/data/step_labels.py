@@ -35,7 +35,7 @@ def _labelled(completion: str, reference: str, separator: str) -> tuple[list[str
     if first_wrong < len(steps):
         return steps, labels, "wrong"
     if len(steps) < len(expected):
-        return steps, labels[:-1] + [0], "stopped"
+        return steps, [*labels[:-1], 0], "stopped"
     return steps, labels, "correct"
 
 
