@@ -59,8 +59,8 @@ from tether.config.distill import (
 from tether.config.rewards import ScorerConfig
 from tether.config.sft import SFTConfig
 from tether.data.files import write_json_atomic, write_jsonl_atomic
-from tether.data.step_labels import step_label_records
 from tether.data.sources import prompt_records
+from tether.data.step_labels import step_label_records
 from tether.filtering import filter_corpus, preference_pairs, sft_records
 from tether.generation import generate_corpus, make_engine, read_corpus, write_records
 from tether.models.loading import resolve_model
