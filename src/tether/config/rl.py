@@ -19,6 +19,7 @@ from tether.config.rewards import RewardRoutes, RewardSpec
 from tether.config.sampling import SamplingConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
 from tether.core.aggregation import LOSS_AGGREGATIONS
+from tether.core.distillation import DISTILLATION_DIVERGENCES
 from tether.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from tether.core.policy_losses import POLICY_LOSSES, extra_arguments
 from tether.core.reward_aggregation import REWARD_AGGREGATIONS
@@ -152,6 +153,61 @@ class ProcessRewardConfig(StrictModel):
     batch_size: int = Field(32, ge=1, description="completions scored per forward")
 
 
+class TeacherConfig(StrictModel):
+    """The teacher that scores the student's samples: a local causal LM sharing the student's tokenizer
+    (``path``), a served OpenAI-compatible endpoint that returns prompt log-probs (``base_url``; echo +
+    logprobs), or the student itself given a privileged context (``kind: self``, no gradient through it)."""
+
+    kind: Literal["local", "served", "self"] = Field("local", description="where the teacher's log-probs come from")
+    path: str | None = Field(None, description="local: a model path or @stage; served: the tokenizer's (default: "
+                                               "the student's)")
+    base_url: str | None = Field(None, description="served: the endpoint, e.g. http://127.0.0.1:8000/v1")
+    served_model: str | None = Field(None, description="served: the model id at the endpoint")
+    api_key_env: str | None = Field(None, description="served: the environment variable holding the API key")
+    timeout: float = Field(60.0, gt=0, description="served: seconds per request")
+    concurrency: int = Field(8, ge=1, description="served: requests in flight")
+    privileged_prompt: str | None = Field(None, description="the teacher's prompt instead of the student's: a "
+                                          "template of the record's fields, e.g. '{prompt}' with the answer "
+                                          "shown ('Answer {answer}. {prompt}')")
+    batch_size: int = Field(32, ge=1, description="samples per teacher forward / request batch")
+
+    @model_validator(mode="after")
+    def _where(self) -> TeacherConfig:
+        if self.kind == "local" and self.path is None:
+            raise ValueError("teacher: a local teacher needs path (a model path or @stage)")
+        if self.kind == "served" and self.base_url is None:
+            raise ValueError("teacher: a served teacher needs base_url (an OpenAI-compatible /v1 endpoint)")
+        if self.kind == "self" and self.privileged_prompt is None:
+            raise ValueError("teacher: self-distillation needs privileged_prompt (what the teacher sees that the "
+                             "student does not), else teacher and student are the same")
+        return self
+
+
+class DistillConfig(StrictModel):
+    """On-policy distillation: the teacher scores the student's own samples (``tether.core.distillation``).
+    ``reverse_kl``: each token's advantage gains ``-coef * (log π_S - log π_T)`` at the sampled token (beside
+    the rewards' advantage, if any); ``forward_kl`` / ``jsd``: ``coef`` x the divergence of the whole
+    next-token distributions joins the loss (a local or self teacher)."""
+
+    teacher: TeacherConfig = Field(description="the teacher")
+    coef: float = Field(1.0, gt=0, description="weight of the distillation signal")
+    divergence: str = Field("reverse_kl", description="DISTILLATION_DIVERGENCES: reverse_kl (sampled token), "
+                                                      "forward_kl, jsd")
+    beta: float = Field(0.5, ge=0, le=1, description="jsd: the mixture weight of the teacher")
+    top_k: int | None = Field(None, ge=1, description="forward_kl / jsd over the teacher's top-k tokens only")
+
+    @model_validator(mode="after")
+    def _supported(self) -> DistillConfig:
+        known_name(DISTILLATION_DIVERGENCES, self.divergence)
+        whole = "distributions" in DISTILLATION_DIVERGENCES.needs(self.divergence)
+        if whole and self.teacher.kind == "served":
+            raise ValueError(f"distill.divergence {self.divergence!r} reads the teacher's whole distribution; a "
+                             "served teacher returns the sampled tokens' log-probs: use reverse_kl")
+        if self.top_k is not None and not whole:
+            raise ValueError("distill.top_k restricts whole distributions (forward_kl, jsd), not reverse_kl")
+        return self
+
+
 class RLConfig(StageConfig):
     """The RL machinery's settings, shared by the ``grpo``, ``ppo`` and ``agent`` stages.
     ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
@@ -165,6 +221,8 @@ class RLConfig(StageConfig):
                                                "{by: kind, routes: {reasoning: {rewards: [...]}, general: "
                                                "{rewards: [...], answer_only: true}}}")
     gold: RewardSpec | None = Field(None, description="a reward only logged (reward/gold), never trained on")
+    distill: DistillConfig | None = Field(None, description="on-policy distillation from a teacher, alone "
+                                                            "(rewards: []) or beside the rewards; None: off")
     reward_on_error: Literal["raise", "zero"] = Field("raise", description="a reward function that raises: stop, "
                                                                           "or score the sample 0")
     reward_aggregation: str = Field("sum", description="how the reward functions combine (REWARD_AGGREGATIONS): "

@@ -70,9 +70,11 @@ class ScoredForward:
             ent = entropy_from_logits(self.logits, temperature=temperature).view(-1)[self.keys]
             return self.scatter(ent)
 
-    def log_distributions(self) -> torch.Tensor:
-        """``log π(· | x_<t)`` over the vocabulary at every scored token, (number scored, V), float32."""
-        return torch.log_softmax(self.logits.reshape(-1, self.logits.shape[-1])[self.keys].float(), dim=-1)
+    def log_distributions(self, temperature: float = 1.0) -> torch.Tensor:
+        """``log π(· | x_<t)`` over the vocabulary at every scored token (logits / ``temperature``), (number
+        scored, V), float32."""
+        logits = self.logits.reshape(-1, self.logits.shape[-1])[self.keys].float()
+        return torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """Values in scored-token order laid out as (N, W), 0 where not ``valid``."""

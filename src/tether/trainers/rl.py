@@ -34,7 +34,7 @@ import torch
 
 from tether.config.rl import RLConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
-from tether.core.aggregation import agg_loss, masked_mean, num_seqs, num_tokens
+from tether.core.aggregation import agg_loss, num_seqs, num_tokens
 from tether.core.kl import KL_CONTROLLERS, kl_penalty
 from tether.core.policy_losses import POLICY_LOSSES
 from tether.core.reward_aggregation import REWARD_AGGREGATIONS
@@ -47,11 +47,13 @@ from tether.rollout import Rollout, SamplingParams
 from tether.rollout.engines import build_engine
 from tether.scoring import reward_composer
 from tether.trainers.critic import CriticSteps, check_warmup_ranks, in_critic_warmup, warmup_metrics
+from tether.trainers.distillation import Distillation, DistillationSteps
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.entropy_control import EntropyControl
 from tether.trainers.loop import Trainer
 from tether.trainers.parallel import full_parameters, global_advantages
 from tether.trainers.process_supervision import ProcessRewards
+from tether.trainers.rl_report import RolloutReport
 from tether.trainers.rollout_consistency import MismatchTracker, sampler_as_old
 
 
@@ -77,13 +79,15 @@ class RLBatch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T) the critic's targets
     gold: torch.Tensor | None = None  # (B,) the gold reward, logged only
+    teacher_prompts: list[list[int]] | None = None  # each sample's prompt as the distillation teacher reads it
+    distill_advantages: torch.Tensor | None = None  # (B, T) the sampled-token distillation signal
     mismatch: MismatchTracker | None = None  # the trainer's log-probs beside the sampler's; the correction
 
     def __len__(self) -> int:
         return len(self.rollout)
 
 
-class RLTrainer(CriticSteps, Trainer):
+class RLTrainer(CriticSteps, DistillationSteps, RolloutReport, Trainer):
     """Generate -> score -> advantage -> clipped policy-gradient updates (and a critic), on the shared loop."""
 
     config: RLConfig
@@ -95,7 +99,7 @@ class RLTrainer(CriticSteps, Trainer):
             model = build_actor_critic(config, model, tokenizer, critic, reward_functions)
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
-        if not (reward_functions or cfg.rewards):
+        if not (reward_functions or cfg.rewards or cfg.distill):
             raise ValueError(f"stage {self.stage!r} needs a reward: config.rewards (e.g. {{name: reward_model, "
                              "kwargs: {path: ...}}) or reward_functions")
         self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
@@ -105,7 +109,10 @@ class RLTrainer(CriticSteps, Trainer):
         defaults = cfg.reward_defaults()
         self.rewards = reward_composer(reward_functions if reward_functions is not None else cfg.rewards,
                                        on_error=cfg.reward_on_error, defaults=defaults, workers=cfg.reward_workers,
-                                       routes=cfg.reward_routes if reward_functions is None else None)
+                                       routes=cfg.reward_routes if reward_functions is None else None
+                                       ) if reward_functions or cfg.rewards or cfg.reward_routes else None
+        self.distillation = Distillation(cfg.distill, self.policy, tokenizer, temperature=cfg.rollout.temperature,
+                                         row_tokens=cfg.row_tokens) if cfg.distill else None
         gold = gold_functions if gold_functions is not None else ([cfg.gold] if cfg.gold else [])
         self.gold = reward_composer(gold, on_error=cfg.reward_on_error, defaults=defaults) if gold else None
         self.ref_model = self._reference_model()
@@ -197,6 +204,8 @@ class RLTrainer(CriticSteps, Trainer):
 
     def score(self, indices: list[int], rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions' weighted sum per sample (NaN: none), plus DAPO's overlong term when on."""
+        if self.rewards is None:  # distillation alone
+            return torch.zeros(len(rollout)), {}
         prompts, columns = self.columns(indices, rollout)
         result = self.rewards.score(prompts, rollout.texts, columns)
         rewards = self.combine(result)
@@ -311,6 +320,8 @@ class RLTrainer(CriticSteps, Trainer):
             batch.values = self.frozen_values(batch.rollout)
         if batch.kl is not None and cfg.kl.in_reward:
             batch.token_rewards = -self.kl_controller.value * batch.kl
+        if self.distillation is not None:
+            self.distill_signal(batch)
 
     def advantages(self, batch: RLBatch) -> AdvantageOutputs:
         """The configured estimator over every rank's rollouts (global batch statistics), this rank's rows
@@ -324,7 +335,7 @@ class RLTrainer(CriticSteps, Trainer):
             baseline_rewards=self.greedy_baseline(batch) if "baseline_rewards" in needs else None,
             values=batch.values if "values" in needs else None, running_baseline=self.running_baseline,
             step_rewards=steps[0], step_ends=steps[1])
-        return global_advantages(cfg.advantage, inputs, **cfg.advantage_hparams())
+        return self.with_distillation(batch, global_advantages(cfg.advantage, inputs, **cfg.advantage_hparams()))
 
     def step_rewards(self, batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The process reward model's step rewards and step ends (:class:`ProcessRewards`), figures logged."""
@@ -416,34 +427,6 @@ class RLTrainer(CriticSteps, Trainer):
             self.kl_controller.update(sequence_kl, int(count))
         return figures
 
-    def rollout_metrics(self, batch: RLBatch) -> dict[str, Any]:
-        """What the rollout looked like: rewards (and the gold reward beside the proxy), lengths, the critic's
-        returns."""
-        present = batch.scores[batch.valid]
-        lengths = batch.mask.new_tensor([len(c) for c in batch.rollout.completion_ids])
-        out: dict[str, Any] = {
-            "reward/mean": present.mean() if present.numel() else float("nan"),
-            "reward/std": present.std() if present.numel() > 1 else 0.0,
-            "completion/length_mean": lengths.mean(), "completion/length_max": lengths.max(),
-            "completion/truncated_frac": batch.truncated.float().mean(),
-        }
-        if self.gold is not None:
-            prompts, columns = self.columns(batch.prompt_indices, batch.rollout)
-            batch.gold = self.gold.score(prompts, batch.rollout.texts, columns).total
-            out.update({"reward/proxy": out["reward/mean"],
-                        "reward/proxy_std": present.std(correction=0) if present.numel() else float("nan"),
-                        "reward/gold": batch.gold.nanmean()})
-        if batch.returns is not None:
-            out["returns/mean"] = masked_mean(batch.returns, batch.mask)
-        return out
-
-    def samples(self, batch: RLBatch) -> list[dict[str, Any]]:
-        """A few of the step's completions with their rewards, for ``samples.jsonl``."""
-        gold = batch.gold
-        return [{"prompt": self.records[batch.prompt_indices[batch.rollout.prompt_index[i]]]["prompt"],
-                 "completion": batch.rollout.texts[i], "reward": float(batch.scores[i]),
-                 **({"gold": float(gold[i])} if gold is not None else {})} for i in range(min(8, len(batch)))]
-
     def minibatch_updates(self, mask: torch.Tensor, passes: int,
                           loss: Callable[[torch.Tensor, dict[str, float]], tuple[torch.Tensor, dict]]
                           ) -> dict[str, float]:
@@ -488,6 +471,8 @@ class RLTrainer(CriticSteps, Trainer):
             metrics["kl"] = (kl.detach() * m).sum() / m.sum().clamp(min=1)
             if not cfg.kl.in_reward:
                 loss = loss + cfg.kl.coef * agg_loss(kl, m, cfg.loss_agg, **agg)
+        if self.distillation is not None and self.distillation.whole:
+            loss = self.distill_loss(batch, rows, loss, metrics, agg)
         if cfg.critic is not None:
             vf_loss, vf_metrics = self.value_loss(batch, rows, denominators)
             loss = loss + cfg.critic.coef * vf_loss
