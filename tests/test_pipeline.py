@@ -35,6 +35,17 @@ def test_overrides_target_stages():
         apply_recipe_overrides(recipe, ["nosuchstage.train.max_steps=1"])
 
 
+def test_an_override_of_one_stage_does_not_reach_a_stage_merged_from_it(tmp_path):
+    """YAML merge keys (``<<: *opd``) share nested dicts between stages; an override must reach one stage only."""
+    path = tmp_path / "shared.yaml"
+    path.write_text("stages:\n  - &a {name: a, type: sft, train: {max_steps: 5}}\n  - {<<: *a, name: b}\n")
+    out = apply_recipe_overrides(load_recipe(str(path)), ["b.train.max_steps=2"])
+    assert [s["train"]["max_steps"] for s in out["stages"]] == [5, 2]
+    recipe = load_recipe(str(path))
+    recipe["stages"][0]["train"]["max_steps"] = 9
+    assert recipe["stages"][1]["train"]["max_steps"] == 5
+
+
 def test_references_resolve_to_earlier_stages():
     run = Path("/tmp/run")
     data = {"model": {"name_or_path": "@pretrain"}, "data": {"path": "@gen/samples.jsonl"}}

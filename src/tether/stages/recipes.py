@@ -6,7 +6,6 @@ one is :mod:`tether.stages.pipeline`.
 
 from __future__ import annotations
 
-import copy
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,23 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
     if not isinstance(data.get("stages"), list) or not data["stages"]:
         raise ConfigError(f"recipe {name_or_path!r} has no 'stages' list")
     data.setdefault("name", Path(name_or_path).stem)
-    return data
+    return unshared(data)
+
+
+def unshared(value: Any) -> Any:
+    """``value`` with every dict and list copied: YAML anchors (``<<: *stage``) make stages share nested
+    dicts, and an override of one stage must not reach the others (``copy.deepcopy`` keeps the sharing)."""
+    if isinstance(value, dict):
+        return {k: unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unshared(v) for v in value]
+    return value
 
 
 def apply_recipe_overrides(recipe: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Dotted overrides: ``STAGE.key.path=v`` for one stage, ``*.key.path=v`` for every stage,
     anything else at the recipe's top level (``defaults.optim.lr=1e-3``)."""
-    recipe = copy.deepcopy(recipe)
+    recipe = unshared(recipe)
     names = [s.get("name") for s in recipe["stages"]]
     for key, value in parse_overrides(overrides):
         head, _, rest = key.partition(".")
