@@ -218,3 +218,39 @@ def test_logprobs_are_the_samplers_and_reach_the_openai_engine():
         torch.testing.assert_close(sent, trainer[i, :len(ids)], atol=1e-5, rtol=0)
         aligned += 1
     assert aligned >= 2, rollout.texts
+
+
+def test_echo_returns_a_token_id_prompt_s_log_probs_and_serves_a_distillation_teacher(tmp_path):
+    """``echo: true`` with ``logprobs: 0`` and a token-id prompt returns the prompt's tokens' log-probs under the
+    served model (first None) before the sampled ones; an on-policy distillation teacher served this way gives
+    the local teacher's log-probs; echo with streaming or top alternatives, and bad ids, are refused."""
+    from tether.config.rl import TeacherConfig
+    from tether.models.logprobs import completion_logprobs
+    from tether.trainers.distillation import LocalTeacher, ServedTeacher
+
+    model, tokenizer = build_tiny(seed=3)
+    prompt = tokenize_prompts(["12+3="], tokenizer)[0]
+    completion = tokenizer("<think>2+3=5 c0|</think>15", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        expected, _ = completion_logprobs(model, [prompt[:1]], [prompt[1:] + completion], temperature=1.0,
+                                          row_tokens=128, pad_token_id=tokenizer.pad_token_id)
+    with BackgroundServer(create_app(model, tokenizer, max_tokens_default=4)) as server:
+        url = server.base_url
+        status, body = call(f"{url}/completions", {"prompt": prompt + completion, "echo": True, "logprobs": 0,
+                                                   "max_tokens": 1}, key=None)
+        assert status == 200
+        choice = body["choices"][0]
+        assert choice["text"].startswith("12+3=<think>2+3=5 c0|</think>15")
+        values = choice["logprobs"]["token_logprobs"]
+        assert values[0] is None and len(values) == len(prompt) + len(completion) + 1
+        torch.testing.assert_close(torch.tensor(values[1:-1]), expected[0], atol=1e-5, rtol=0)
+        for bad in ({"echo": True, "logprobs": 2}, {"echo": True, "stream": True}):
+            status, error = call(f"{url}/completions", {"prompt": prompt, **bad}, key=None)
+            assert status == 400 and "echo" in error["error"]["message"]
+        status, error = call(f"{url}/completions", {"prompt": [10**6]}, key=None)
+        assert status == 400 and "token ids" in error["error"]["message"]
+        served = ServedTeacher(TeacherConfig(kind="served", base_url=url, served_model="tether"))
+        got = served.token_logprobs([prompt, prompt], [completion, completion[:3]])
+    local = LocalTeacher(model, temperature=1.0, row_tokens=128, pad_token_id=tokenizer.pad_token_id, batch_size=8)
+    torch.testing.assert_close(got, local.token_logprobs([prompt, prompt], [completion, completion[:3]]),
+                               atol=1e-5, rtol=0)

@@ -2,10 +2,6 @@
 the student toward the teacher (sampled-token reverse KL, GKD's JSD, top-k), from a local, a self (privileged
 prompt) and a served teacher."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 import torch
 
@@ -139,52 +135,19 @@ def test_self_distillation_reads_the_privileged_prompt_with_the_student_s_own_we
     assert torch.allclose(batch.distill_advantages[:, :expected.shape[1]], expected, atol=1e-5)
 
 
-class EchoServer:
-    """An OpenAI-compatible /completions endpoint that echoes token-id prompts with their log-probs under a
-    local model (as vLLM does with echo and logprobs), one generated token appended."""
+def test_a_teacher_served_by_tether_serve_gives_the_local_teacher_s_signal(tmp_path, teacher_dir):
+    """The served teacher over real HTTP (``tether serve``'s app, echo + logprobs on token-id prompts)."""
+    from tether.serve import BackgroundServer, create_app
 
-    def __init__(self, model):
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                ids = body["prompt"]
-                with torch.no_grad():
-                    logps, _ = completion_logprobs(model, [ids[:1]], [ids[1:]], temperature=1.0, row_tokens=1024,
-                                                   pad_token_id=TOKENIZER.pad_token_id)
-                values = [None, *logps[0].tolist(), -0.1]
-                payload = json.dumps({"choices": [{"index": 0, "text": "x", "finish_reason": "length",
-                                                   "logprobs": {"token_logprobs": values}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.requests = []
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
-def test_a_served_teacher_gives_the_local_teacher_s_signal(tmp_path, teacher_dir):
-    teacher, _ = sharp_teacher()
-    server = EchoServer(teacher)
-    try:
+    teacher, tokenizer = sharp_teacher()
+    with BackgroundServer(create_app(teacher, tokenizer, model_name="teacher")) as server:
         served = trainer(tmp_path / "served", config({"teacher": {"kind": "served", "base_url": server.base_url,
-                                                                  "path": teacher_dir}}))
-        local = trainer(tmp_path / "local", config({"teacher": {"path": teacher_dir}}))
+                                                                  "served_model": "teacher", "path": teacher_dir}}))
         batch, _ = step_batch(served)
-        batch_local, _ = step_batch(local)
-    finally:
-        server.httpd.shutdown()
+    local = trainer(tmp_path / "local", config({"teacher": {"path": teacher_dir}}))
+    batch_local, _ = step_batch(local)
+    assert batch.rollout.completion_ids == batch_local.rollout.completion_ids
     assert torch.allclose(batch.distill_advantages, batch_local.distill_advantages, atol=1e-5)
-    assert all(r["echo"] and r["logprobs"] == 0 and isinstance(r["prompt"][0], int) for r in server.requests)
 
 
 def test_configuration_errors_are_clear(tmp_path, teacher_dir):

@@ -10,7 +10,10 @@ small request is served between the chunks of a large one. ``stream: true`` send
 chunk (server-sent events) as soon as its chunk is generated, then ``[DONE]``; ``stream_options:
 {include_usage: true}`` adds the usage chunk. Log-probs: the sampled tokens' (``logprobs: 0`` / chat
 ``logprobs: true``) come from the engine; top alternatives (``logprobs: k``, ``top_logprobs: k``, k <= 5)
-from one forward pass of the served model over the finished sequences.
+from one forward pass of the served model over the finished sequences. A completions ``prompt`` may be
+token ids (a list of ints, or a list of such lists); ``echo: true`` puts the prompt before each choice's
+text, and with ``logprobs: 0`` its tokens' log-probs (temperature 1; None for the first token) before the
+sampled ones, from one forward pass of the served model: what an on-policy distillation teacher returns.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the route signatures' annotations, which
@@ -59,7 +62,13 @@ class ServeState:
 
         self.budget.check(len(prompts), fields["n"], fields["max_new_tokens"])
         params = SamplingParams(**fields)
-        ids = tokenize_prompts(prompts, self.tokenizer)
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompts):  # token ids
+            vocabulary = len(self.tokenizer)
+            if any(not 0 <= t < vocabulary for p in prompts for t in p) or not all(prompts):
+                raise ValueError(f"prompt: token ids must be non-empty lists of ids in [0, {vocabulary})")
+            ids = [list(p) for p in prompts]
+        else:
+            ids = tokenize_prompts(prompts, self.tokenizer)
         longest = max(len(p) for p in ids)
         if self.context_length and longest + params.max_new_tokens > self.context_length:
             raise ValueError(f"prompt ({longest} tokens) + max_tokens ({params.max_new_tokens}) exceeds the "
@@ -90,6 +99,16 @@ class ServeState:
             yield choices, {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                             "total_tokens": prompt_tokens + completion_tokens}
 
+    def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
+        """``log p(x_t | x_<t)`` of every prompt token under the served model at temperature 1 (None for the
+        first, which nothing predicts): the echoed prompt's log-probs."""
+        import torch
+
+        with torch.inference_mode():
+            tokens = torch.tensor([ids], device=next(self.model.parameters()).device)
+            logps = torch.log_softmax(self.model(input_ids=tokens).logits[0, :-1].float(), -1)
+            return [None, *logps.gather(-1, tokens[0, 1:, None]).squeeze(-1).tolist()]
+
     def top_alternatives(self, rollout: Any, params: Any, k: int) -> list[list[tuple[str, float]]]:
         """Per sample, per completion token: the k most likely tokens and their log-probs at the sampling
         temperature (1 when greedy), from one forward pass of the served model per sequence."""
@@ -108,6 +127,18 @@ class ServeState:
                 out.append([[(self.tokenizer.decode([int(t)]), float(v)) for t, v in zip(row_t, row_v, strict=True)]
                             for row_t, row_v in zip(tokens.tolist(), values.tolist(), strict=True)])
         return out
+
+
+def _echo(state: ServeState, ids: list[int]) -> dict[str, Any]:
+    """A prompt's text, tokens and log-probs, for ``echo``."""
+    return {"text": state.tokenizer.decode(ids, skip_special_tokens=True), "tokens": [state.tokenizer.decode([t]) for t in ids],
+            "token_logprobs": state.prompt_logprobs(ids)}
+
+
+def _with_prompt(choice: dict, prompt: dict) -> dict:
+    """``choice`` with the echoed prompt before its text, tokens and log-probs (OpenAI's ``echo``)."""
+    return {**choice, "text": prompt["text"] + choice["text"], "tokens": prompt["tokens"] + choice["tokens"],
+            "token_logprobs": prompt["token_logprobs"] + choice["token_logprobs"], "top_logprobs": None}
 
 
 def _sampling_fields(body: Any, max_tokens_default: int) -> dict[str, Any]:
@@ -141,8 +172,9 @@ def _request_models() -> tuple[type, type]:
         stream_options: StreamOptions | None = None
 
     class Completion(Sampling):
-        prompt: str | list[str]
+        prompt: str | list[str] | list[int] | list[list[int]]
         logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+        echo: bool = False
 
     class Message(BaseModel):
         model_config = ConfigDict(extra="ignore")
@@ -274,13 +306,21 @@ def create_app(model: Any = None, tokenizer: Any = None, *, engine: Any = None, 
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     def completions(body: Completion) -> Any:
-        prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+        single = isinstance(body.prompt, str) or (bool(body.prompt) and isinstance(body.prompt[0], int))
+        prompts = [body.prompt] if single else list(body.prompt)
         if not prompts:
             raise _HTTPError(400, "prompt: an empty list")
         top = body.logprobs or 0
-        ids, params = start(body, prompts, {"prompt": body.prompt, "stop": body.stop}, top)
+        if body.echo and (body.stream or top or state.model is None):
+            raise _HTTPError(400, "echo: supported without streaming, with logprobs 0 (or none), on a server "
+                                  "that has the model")
+        texts = body.prompt if isinstance(body.prompt, str) else [p for p in prompts if isinstance(p, str)]
+        ids, params = start(body, prompts, {"prompt": texts, "stop": body.stop}, top)
+        echoed = [_echo(state, p) for p in ids] if body.echo else None
 
         def shape(c: dict, streamed: bool) -> Any:
+            if echoed is not None:
+                c = _with_prompt(c, echoed[c["index"] // params.n])
             choice = {"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"],
                       "logprobs": completion_logprobs(c) if body.logprobs is not None else None}
             return [choice] if streamed else choice
