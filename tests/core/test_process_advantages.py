@@ -77,3 +77,15 @@ def test_step_end_tokens():
     assert step_end_tokens(["<t>a", "b|", "cd", "|", "</t>9"], "|") == [1, 3, 4]
     assert step_end_tokens([*"a||b|"], "|") == [1, 4]  # blank pieces are no step (as split_steps)
     assert step_end_tokens([], "|") == []
+
+
+def test_outcome_weight_adds_grpo_s_outcome_advantage_to_every_token():
+    step = inputs([[1.0, 0.0], [1.0, 0.0]], [[1, 3], [2, -1]], [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], 2)
+    step.rewards = torch.tensor([1.0, 0.0])
+    process = compute_advantages("grpo_process", step).advantages
+    both = compute_advantages("grpo_process", step, outcome_weight=0.5).advantages
+    # GRPO on rewards (1, 0): mean 0.5, unbiased std sqrt(0.5): +-0.5 / sqrt(0.5) = +-sqrt(0.5)
+    outcome = torch.tensor([[1.0] * 4 + [0.0], [-1.0] * 3 + [0.0] * 2]) * math.sqrt(0.5)
+    torch.testing.assert_close(both, process + 0.5 * outcome, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="outcome_weight"):
+        compute_advantages("grpo_process", step, outcome_weight=-1.0)

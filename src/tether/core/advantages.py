@@ -360,7 +360,7 @@ def gae(
 
 @ADVANTAGE_ESTIMATORS.register("grpo_process", needs=("step_rewards",))
 @torch.no_grad()
-def grpo_process(inputs: AdvantageInputs, *, eps: float = 1e-6) -> AdvantageOutputs:
+def grpo_process(inputs: AdvantageInputs, *, eps: float = 1e-6, outcome_weight: float = 0.0) -> AdvantageOutputs:
     """GRPO with process supervision: each token's advantage is the sum of the normalised rewards of the
     steps from its own onward.
 
@@ -368,7 +368,10 @@ def grpo_process(inputs: AdvantageInputs, *, eps: float = 1e-6) -> AdvantageOutp
     outputs of a prompt; the step rewards are normalised by the mean and std of all step rewards of the
     group, ``r̃_i^j = (r_i^j - mean(R)) / std(R)``, and ``A_{i,t} = sum_{index(j) >= t} r̃_i^j``, where
     index(j) is the token step j ends at. As in the paper, the outcome ``rewards`` do not enter (they are
-    logged by the trainer); ``token_rewards`` (a KL in the reward) are refused: keep the KL in the loss.
+    logged by the trainer) unless ``outcome_weight`` > 0: then ``outcome_weight`` x GRPO's outcome advantage
+    of the same group (:func:`grpo`) is added to every token, process and outcome supervision together
+    (as PRIME, Cui et al. 2025, sums its outcome and process advantages), which anchors a learned process
+    reward to the verifier. ``token_rewards`` (a KL in the reward) are refused: keep the KL in the loss.
     Differs from the paper as :func:`grpo` does: the unbiased std plus eps, and a group whose step rewards
     are all equal (or has fewer than two) gets 0. Tokens after a row's last step end get 0.
     """
@@ -388,6 +391,10 @@ def grpo_process(inputs: AdvantageInputs, *, eps: float = 1e-6) -> AdvantageOutp
     positions = torch.arange(mask.shape[1], device=mask.device)
     reaches = present[:, :, None] & (inputs.step_ends[:, :, None] >= positions[None, None, :])  # (B, S, T)
     advantages = (normalised[:, :, None] * reaches).sum(1) * mask
+    if outcome_weight < 0:
+        raise ValueError(f"grpo_process outcome_weight must be >= 0, got {outcome_weight}")
+    if outcome_weight:
+        advantages = advantages + outcome_weight * grpo(inputs, eps=eps).advantages
     metrics = _metrics(advantages, mask, _rewards(inputs), frac_zero_std_groups=flat.float().mean(),
                        step_reward_mean=steps[present].mean() if bool(present.any()) else torch.tensor(0.0),
                        steps_per_sample=present.sum(1).float().mean())
