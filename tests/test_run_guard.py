@@ -48,6 +48,18 @@ def test_a_half_done_stage_under_changed_settings_is_refused_with_the_keys(tmp_p
     assert moved == settings
 
 
+def test_a_field_added_since_the_stage_trained_is_no_change_while_off(tmp_path):
+    """A stage recorded before a configuration field existed (``distill``) is reused while that field is off."""
+    settings = stage_settings(SFTConfig(name="sft"), tmp_path)
+    record_stage_settings(tmp_path / "sft", settings)
+    check_stage_settings(tmp_path / "sft", {**settings, "distill": None, "extra.on": False, "extra.list": []})
+    with pytest.raises(ConfigError, match=r"distill.coef: '<unset>' -> 2.0"):
+        check_stage_settings(tmp_path / "sft", {**settings, "distill.coef": 2.0})
+    without_seed = {k: v for k, v in settings.items() if k != "model.seed"}
+    with pytest.raises(ConfigError, match="model.seed"):  # a removed key that was not off still counts
+        check_stage_settings(tmp_path / "sft", without_seed)
+
+
 def test_a_finished_stage_without_recorded_settings_is_reused_with_a_warning(tmp_path, caplog):
     """Stages trained before settings were recorded cannot be checked: they are reused, and the log says so
     (a rerun into an old directory once reused such a stage under a changed configuration unseen)."""

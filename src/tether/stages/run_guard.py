@@ -118,7 +118,8 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
                         "trained under this one (delete it to train it again)", stage_dir.name, stage_dir.parent)
         return
     before = json.loads(path.read_text())
-    changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>"))
+    changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>")
+                     and not _field_added_or_removed_while_off(k, before, settings))
     if not changed:
         return
     shown = ", ".join(f"{k}: {before.get(k, '<unset>')!r} -> {settings.get(k, '<unset>')!r}" for k in changed[:4])
@@ -126,6 +127,16 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
     raise ConfigError(f"stage {stage_dir.name!r} in {stage_dir.parent} was trained under another configuration "
                       f"({shown}{more}): run into a new --out, or delete {stage_dir} (and the stages after it) to "
                       "train it again")
+
+
+def _field_added_or_removed_while_off(key: str, before: dict[str, Any], settings: dict[str, Any]) -> bool:
+    """A key only one side has, whose value there is off (None, False, empty): a configuration field added to
+    (or removed from) tether since the stage trained, left at its off default, which cannot have changed what
+    the stage trained. A new field with any other default still counts as a change."""
+    if (key in before) == (key in settings):
+        return False
+    value = before[key] if key in before else settings[key]
+    return value is None or value is False or value in ([], {}, "")
 
 
 def record_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
