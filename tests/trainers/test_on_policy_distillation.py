@@ -171,3 +171,20 @@ def test_configuration_errors_are_clear(tmp_path, teacher_dir):
         trainer(tmp_path / "t", config({"teacher": {"path": str(tmp_path / "other")}}))
     with pytest.raises(ValueError, match="privileged_prompt names 'nothing'"):
         step_batch(trainer(tmp_path / "p", config({"teacher": {"kind": "self", "privileged_prompt": "{nothing}"}})))
+
+
+@pytest.mark.slow
+def test_opd_arithmetic_recipe_runs_end_to_end(tmp_path):
+    """The recipe at toy size: teacher, off-policy student, cold start, and the three on-policy stages."""
+    from tether.stages.pipeline import run_recipe
+    from tether.stages.recipes import apply_recipe_overrides, load_recipe
+
+    small = ["pretrain.train.max_steps=20", "sft.train.max_steps=20", "grpo.train.max_steps=2",
+             "traces.prompts.task.n=40", "student_base.train.max_steps=20", "student_filtered.train.max_steps=10",
+             "student_sft.train.max_steps=10", "*.eval.n=20",
+             "filtered.filter.verifier=null", "filtered.filter.format=null"]  # a toy teacher solves nothing
+    small += [f"{s}.train.max_steps=3" for s in ("opd", "opd-verifier", "opd-jsd")]
+    small += [f"{s}.train.eval_every=3" for s in ("opd", "opd-verifier", "opd-jsd")]
+    results = run_recipe(apply_recipe_overrides(load_recipe("opd-arithmetic"), small), tmp_path, report=False)
+    assert results["opd"]["train/steps"] == 3 and "accuracy" in results["opd-jsd"]
+    assert (tmp_path / "opd.png").exists()
