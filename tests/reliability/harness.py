@@ -74,16 +74,23 @@ def grpo_stage() -> dict:
             "report_to": []}
 
 
-FAMILIES: dict[str, Callable[[], dict]] = {"sft": sft_stage, "dpo": dpo_stage, "grpo": grpo_stage}
+def async_grpo_stage() -> dict:
+    """GRPO with a rollout producer process one policy version behind (async RL)."""
+    return {**grpo_stage(), "name": "async_grpo", "async": {"max_staleness": 1},
+            "rollout_correction": {"mode": "tis"}}
+
+
+FAMILIES: dict[str, Callable[[], dict]] = {"sft": sft_stage, "dpo": dpo_stage, "grpo": grpo_stage,
+                                           "async_grpo": async_grpo_stage}
 
 
 def run_family(family: str, run_dir: Path) -> None:
     """One attempt at the whole run, resuming from whatever the run directory holds (the child's body)."""
     stage = FAMILIES[family]()
-    if family == "grpo":  # a Python reward function: the public API, as a notebook would call it
+    if family in ("grpo", "async_grpo"):  # a Python reward function: the public API, as a notebook would call it
         from tether.stages import train_grpo
 
-        if (run_dir / "grpo" / "stage.json").exists():
+        if (run_dir / family / "stage.json").exists():
             return
         train_grpo(stage, out=run_dir, reward_functions=[digit_fraction], resume=True)
     else:  # a recipe through the pipeline, as `tether run` does (a finished stage is skipped)

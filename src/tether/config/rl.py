@@ -208,6 +208,15 @@ class DistillConfig(StrictModel):
         return self
 
 
+class AsyncConfig(StrictModel):
+    """Asynchronous RL (``tether.trainers.async_rollout``): a producer process samples step s with the policy
+    of ``max(0, s - max_staleness)`` updates while the learner trains; deterministic, resumable."""
+
+    max_staleness: int = Field(0, ge=0, description="how many updates the sampling policy may lag (0: the "
+                                                    "synchronous loop)")
+    threads: int = Field(1, ge=1, description="torch threads of the producer process")
+
+
 class RLConfig(StageConfig):
     """The RL machinery's settings, shared by the ``grpo``, ``ppo`` and ``agent`` stages.
     ``train.batch_size`` is prompts per step; each gets ``rollout.group_size`` samples."""
@@ -223,6 +232,9 @@ class RLConfig(StageConfig):
     gold: RewardSpec | None = Field(None, description="a reward only logged (reward/gold), never trained on")
     distill: DistillConfig | None = Field(None, description="on-policy distillation from a teacher, alone "
                                                             "(rewards: []) or beside the rewards; None: off")
+    async_rollout: AsyncConfig = Field(default_factory=AsyncConfig, validation_alias=AliasChoices("async",
+                                       "async_rollout"), description="async: {max_staleness: K}: sample while "
+                                       "training, K updates behind at most")
     reward_on_error: Literal["raise", "zero"] = Field("raise", description="a reward function that raises: stop, "
                                                                           "or score the sample 0")
     reward_aggregation: str = Field("sum", description="how the reward functions combine (REWARD_AGGREGATIONS): "
@@ -288,6 +300,13 @@ class RLConfig(StageConfig):
         if self.reward_routes is not None and "rewards" in self.model_fields_set:
             raise ValueError("reward_routes replaces rewards: list each kind's rewards under reward_routes.routes "
                              "and remove rewards")
+        if self.async_rollout.max_staleness:
+            if self.rollout_correction.mode == "none":
+                raise ValueError("async: off-policy samples need a correction: set rollout_correction.mode (e.g. "
+                                 "tis) so the sampler's log-probs are the behaviour policy")
+            if self.dynamic_sampling.enabled or self.rollout.engine != "hf" or self.critic is not None:
+                raise ValueError("async supports the critic-free trainer with the hf engine and no dynamic "
+                                 "sampling (PPO, vLLM / Ray engines and agents are not supported yet)")
         if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
                              f"({self.rollout.max_new_tokens})")

@@ -46,6 +46,7 @@ from tether.rewards import RunningMoments, overlong_penalty, shape_scores
 from tether.rollout import Rollout, SamplingParams
 from tether.rollout.engines import build_engine
 from tether.scoring import reward_composer
+from tether.trainers.async_rollout import AsyncSteps
 from tether.trainers.critic import CriticSteps, check_warmup_ranks, in_critic_warmup, warmup_metrics
 from tether.trainers.distillation import Distillation, DistillationSteps
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
@@ -87,7 +88,7 @@ class RLBatch:
         return len(self.rollout)
 
 
-class RLTrainer(CriticSteps, DistillationSteps, RolloutReport, Trainer):
+class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Trainer):
     """Generate -> score -> advantage -> clipped policy-gradient updates (and a critic), on the shared loop."""
 
     config: RLConfig
@@ -162,11 +163,11 @@ class RLTrainer(CriticSteps, DistillationSteps, RolloutReport, Trainer):
     def extra_state(self) -> dict[str, Any]:
         return {"running_baseline": self.running_baseline, "prompt_cursor": self.prompt_cursor,
                 "kl_controller": self.kl_controller.state_dict(), "reward_moments": self.moments.state_dict(),
-                "entropy_control": self.entropy.state_dict()}
+                "entropy_control": self.entropy.state_dict(), "async": self.async_state()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.running_baseline = state.get("running_baseline")
-        self.prompt_cursor = state.get("prompt_cursor", 0)
+        self.prompt_cursor, self.async_restored = state.get("prompt_cursor", 0), state.get("async")
         if "kl_controller" in state:
             self.kl_controller.load_state_dict(state["kl_controller"])
             self.moments.load_state_dict(state["reward_moments"])
@@ -192,8 +193,8 @@ class RLTrainer(CriticSteps, DistillationSteps, RolloutReport, Trainer):
         self.prompt_cursor += count * world
         return out
 
-    def sampling_params(self, round_index: int) -> SamplingParams:
-        seed = self.config.train.seed * 1_000_003 + self.step * 101 + round_index
+    def sampling_params(self, round_index: int, step: int | None = None) -> SamplingParams:
+        seed = self.config.train.seed * 1_000_003 + (self.step if step is None else step) * 101 + round_index
         return self.config.rollout.params(self.config.rollout.group_size, seed)
 
     def columns(self, indices: list[int], rollout: Rollout) -> tuple[list[str], dict[str, list]]:
@@ -226,6 +227,8 @@ class RLTrainer(CriticSteps, DistillationSteps, RolloutReport, Trainer):
         """One step's rollouts; with dynamic sampling, groups whose rewards are all equal are
         dropped and more prompts are sampled until the batch is full (or ``max_rounds``)."""
         cfg = self.config
+        if cfg.async_rollout.max_staleness:  # sampled ahead by the producer process (async_rollout.py)
+            return RLBatch(*self.async_collect())
         want, size = cfg.train.batch_size, cfg.rollout.group_size
         dynamic = cfg.dynamic_sampling.enabled
         kept_idx: list[int] = []
@@ -401,6 +404,7 @@ class RLTrainer(CriticSteps, DistillationSteps, RolloutReport, Trainer):
         warmup = in_critic_warmup(cfg.critic, self.step)  # the critic alone (critic.py)
         step_loss = self.value_loss if warmup else self.loss
         update_metrics = self.minibatch_updates(batch.mask, cfg.num_iterations, lambda rows, d: step_loss(batch, rows, d))
+        self.async_published()
         metrics = dict(batch.metrics)
         metrics.update({f"advantage/{k}": v for k, v in adv.metrics.items()})
         metrics.update(update_metrics)

@@ -1,0 +1,222 @@
+"""Asynchronous RL with bounded staleness that stays a pure function of the seed.
+
+With ``async: {max_staleness: K}`` (K >= 1) a rollout producer in its own process (torch multiprocessing,
+``spawn``) generates while the learner trains. The schedule is fixed in advance, never decided by
+timing: the batch of step s is sampled by policy version ``v(s) = max(0, s - K)`` (version v = the
+weights after v updates), from the prompts the learner drew for step s, with step s's sampling seed.
+The learner sends, in one ordered queue, the weights of each new version and the generate request of
+the step that version serves (after the update of step s: version s + 1, then the request of step
+s + 1 + K), so the producer, which handles its queue in order, always holds exactly ``v(s)`` when it
+samples step s, and the learner takes the batches in step order. Staleness is bounded by this pacing
+(the producer can run at most K steps ahead), not by dropping slow rollouts, and a run with K = 1 is
+bitwise the same run every time. ``max_staleness: 0`` is the synchronous loop.
+
+Off-policy samples are corrected by the rollout-correction machinery: every sample carries the
+producer's log-probs, which are the behaviour policy; the proximal policy is the learner's current one
+(the old-policy pass, recomputed); ``rollout_correction`` truncates the importance weights (the config
+refuses async without a correction mode).
+
+Resume: a checkpoint after step s keeps the prompts of the requested steps s .. s + K and the weights of
+versions s - K .. s - 1 (CPU copies; version s is the checkpointed model), so a resumed run re-sends the
+same requests and gets the same batches. Logged: ``async/staleness_mean``, ``async/staleness_max``,
+``async/generation_busy`` (the producer's sampling time over the step's wall time), ``async/training_busy``
+(the learner's time not spent waiting for a batch), ``async/wait_s``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_POLL_S = 1.0  # how often a waiting producer checks that the learner is alive
+
+
+def _producer_main(model: torch.nn.Module, tokenizer: Any, batch_size: int | None, threads: int,
+                   requests: Any, results: Any, parent: int) -> None:
+    """The producer process: apply weight updates and generate requests strictly in queue order."""
+    from tether.rollout.hf_engine import HFEngine
+
+    torch.set_num_threads(threads)
+    engine = HFEngine(model.eval(), tokenizer, batch_size=batch_size)
+    version = None
+    while True:
+        try:
+            kind, payload = requests.get(timeout=_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # the learner died (SIGKILL): do not linger
+                return
+            continue
+        try:
+            if kind == "stop":
+                return
+            if kind == "weights":
+                version, state = payload
+                model.load_state_dict(state)
+            elif kind == "generate":
+                step, wanted, prompt_ids, params = payload
+                if wanted != version:
+                    raise RuntimeError(f"step {step} needs policy version {wanted}, the producer holds {version}")
+                start = time.perf_counter()
+                with torch.no_grad():
+                    rollout = engine.generate(prompt_ids, params)
+                results.put(("rollout", (step, version, rollout, time.perf_counter() - start)))
+        except Exception:  # reported to the learner, which raises it
+            results.put(("error", traceback.format_exc()))
+            return
+
+
+def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+class AsyncRollouts:
+    """The learner's side: the producer process, the requests in flight, the last K versions' weights.
+
+    ``draw(step)`` picks a step's prompt indices (advancing the learner's prompt order; called once per
+    step, in step order); ``prompts_of(step, indices)`` gives their prompt ids and the step's sampling
+    parameters (a pure function, so a resumed run rebuilds a request from its indices).
+    """
+
+    def __init__(self, policy: torch.nn.Module, tokenizer: Any, *, max_staleness: int, batch_size: int | None,
+                 threads: int, max_steps: int, draw: Callable[[int], list[int]],
+                 prompts_of: Callable[[int, list[int]], tuple[list[list[int]], Any]]) -> None:
+        self.policy, self.k, self.max_steps = policy, max_staleness, max_steps
+        self.draw, self.prompts_of = draw, prompts_of
+        context = torch.multiprocessing.get_context("spawn")
+        self.requests, self.results = context.Queue(), context.Queue()
+        self.process = context.Process(target=_producer_main, daemon=True, args=(
+            copy.deepcopy(policy).to("cpu").eval(), tokenizer, batch_size, threads, self.requests, self.results,
+            os.getpid()))
+        self.pending: dict[int, list[int]] = {}  # step -> its prompt indices, requested, not yet taken
+        self.versions: dict[int, dict[str, torch.Tensor]] = {}  # version -> weights, the last K + 1 kept
+        self.started = False
+
+    def version_of(self, step: int) -> int:
+        return max(0, step - self.k)
+
+    def start(self, step: int, restored: dict[str, Any] | None = None) -> None:
+        """Start the producer before step ``step`` (0, or a resumed step with ``restored`` = :meth:`state`)."""
+        self.process.start()
+        self.started = True
+        if restored:
+            self.versions = {int(v): w for v, w in restored["versions"].items()}
+            self.pending = {int(s): list(i) for s, i in restored["pending"].items()}
+        self.versions[step] = _cpu_state(self.policy)
+        if restored is None:  # a fresh start: the first K + 1 steps all use version 0
+            self.pending = {s: self.draw(s) for s in range(step, min(step + self.k + 1, self.max_steps))}
+        sent: int | None = None
+        for s in sorted(self.pending):
+            if self.version_of(s) != sent:
+                sent = self.version_of(s)
+                self.requests.put(("weights", (sent, self.versions[sent])))
+            self._send(s)
+        self._keep_last_versions(step)
+
+    def _send(self, step: int) -> None:
+        prompt_ids, params = self.prompts_of(step, self.pending[step])
+        self.requests.put(("generate", (step, self.version_of(step), prompt_ids, params)))
+
+    def take(self, step: int) -> tuple[list[int], Any, dict[str, float]]:
+        """Step ``step``'s prompt indices, its rollout (sampled by version ``v(step)``) and the async figures."""
+        start = time.perf_counter()
+        while True:
+            try:
+                kind, payload = self.results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RuntimeError("the rollout producer process died; see its output above (a script that "
+                                       "runs async RL must start it under `if __name__ == '__main__':`, as "
+                                       "spawn-based multiprocessing requires)") from None
+                continue
+            if kind == "error":
+                raise RuntimeError(f"the rollout producer failed:\n{payload}")
+            got, version, rollout, seconds = payload
+            if got != step:
+                raise RuntimeError(f"the producer sent step {got}'s rollout while step {step} was expected")
+            break
+        staleness = float(step - version)
+        return self.pending.pop(step), rollout, {"async/staleness_mean": staleness, "async/staleness_max": staleness,
+                                                 "async/wait_s": time.perf_counter() - start,
+                                                 "async/generation_s": seconds}
+
+    def published(self, step: int) -> None:
+        """After step ``step``'s update: send version ``step + 1`` and the request of the step it serves."""
+        version = step + 1
+        self.versions[version] = _cpu_state(self.policy)
+        target = version + self.k
+        if target < self.max_steps:
+            self.requests.put(("weights", (version, self.versions[version])))
+            self.pending[target] = self.draw(target)
+            self._send(target)
+        self._keep_last_versions(version)
+
+    def _keep_last_versions(self, current: int) -> None:
+        for v in [v for v in self.versions if v < current - self.k]:
+            del self.versions[v]
+
+    def state(self, current: int) -> dict[str, Any]:
+        """What a checkpoint after ``current`` updates needs: the requested steps' prompts and the weights of
+        versions ``current - K`` .. ``current - 1`` (``current`` is the checkpointed model)."""
+        return {"pending": {s: list(i) for s, i in self.pending.items()},
+                "versions": {v: w for v, w in self.versions.items() if v < current}}
+
+    def close(self) -> None:
+        """Stop the producer (after the last step, or when the trainer is done)."""
+        if self.started and self.process.is_alive():
+            self.requests.put(("stop", None))
+            self.process.join(timeout=10)
+            if self.process.is_alive():
+                self.process.kill()
+        self.started = False
+
+
+class AsyncSteps:
+    """The RL trainer's asynchronous collection (mixed into :class:`~tether.trainers.rl.RLTrainer`, which owns
+    ``config``, ``policy``, ``next_prompts``, ``sampling_params`` and ``score``)."""
+
+    async_rollouts: AsyncRollouts | None = None
+    async_restored: dict[str, Any] | None = None
+    _last_take: float | None = None
+
+    def async_collect(self) -> tuple[list[int], Any, torch.Tensor, dict[str, Any]]:
+        """Step ``self.step``'s prompt indices, rollout, rewards and figures (the async ones added), from the
+        producer (started on first use, from a checkpoint's state on resume)."""
+        cfg = self.config
+        if self.async_rollouts is None:
+            if self.dist.world_size > 1:
+                raise ValueError("async runs in one process for now; drop async or torchrun")
+            self.async_rollouts = AsyncRollouts(
+                self.policy, self.tokenizer, max_staleness=cfg.async_rollout.max_staleness,
+                batch_size=cfg.rollout.engine_batch_size, threads=cfg.async_rollout.threads,
+                max_steps=cfg.train.max_steps, draw=lambda step: self.next_prompts(cfg.train.batch_size),
+                prompts_of=lambda step, indices: ([self.prompt_ids[i] for i in indices],
+                                                  self.sampling_params(0, step=step)))
+            self.async_rollouts.start(self.step, self.async_restored)
+        indices, rollout, figures = self.async_rollouts.take(self.step)
+        now = time.perf_counter()
+        if self._last_take is not None:
+            interval = now - self._last_take
+            figures["async/generation_busy"] = min(1.0, figures["async/generation_s"] / interval)
+            figures["async/training_busy"] = max(0.0, 1.0 - figures["async/wait_s"] / interval)
+        self._last_take = now
+        rewards, metrics = self.score(indices, rollout)
+        metrics.update(figures)
+        return indices, rollout, rewards, metrics
+
+    def async_published(self) -> None:
+        """After the update of step ``self.step``: the new weights to the producer; stopped after the last."""
+        if self.async_rollouts is None:
+            return
+        self.async_rollouts.published(self.step)
+        if self.step + 1 >= self.config.train.max_steps:
+            self.async_rollouts.close()
+
+    def async_state(self) -> dict[str, Any] | None:
+        return self.async_rollouts.state(self.step) if self.async_rollouts is not None else self.async_restored
