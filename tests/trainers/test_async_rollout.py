@@ -55,12 +55,36 @@ def test_staleness_two_follows_the_schedule_and_differs_from_the_synchronous_run
     assert [m["reward/mean"] for m in sync] != [m["reward/mean"] for m in metrics]
 
 
+def test_ppo_with_a_critic_runs_async_and_reproducibly(tmp_path):
+    from tether.trainers.ppo import PPOTrainer
+
+    def ppo(run_dir):
+        cfg = PPOConfig(name="ppo", data={"task": {"name": "arithmetic", "n": 64}}, rollout={"max_new_tokens": 10},
+                        kl={"coef": 0.0}, critic={"init": "policy", "lr": 3e-3}, ppo_epochs=2, row_tokens=64,
+                        train={"max_steps": 4, "batch_size": 8, "log_every": 1, "progress": False},
+                        optim={"lr": 1e-2, "schedule": "constant"}, report_to=[], rollout_correction={"mode": "tis"},
+                        **{"async": {"max_staleness": 1}})
+        model, tokenizer = build_tiny("tiny", seed=0)
+        trainer = PPOTrainer(cfg, model, tokenizer, run_dir, reward_functions=[digit_fraction])
+        metrics = []
+        for _ in range(4):
+            metrics.append(trainer.training_step())
+            trainer.step += 1
+        return trainer, metrics
+
+    a, metrics = ppo(tmp_path / "a")
+    b, _ = ppo(tmp_path / "b")
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(),
+                                                  strict=True))
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0, 1.0] and "value/loss" in metrics[-1]
+
+
 def test_what_async_does_not_support_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"rollout_correction\.mode"):
         GRPOConfig(**{"async": {"max_staleness": 1}})
     with pytest.raises(ValueError, match="dynamic sampling"):
         config(1, dynamic_sampling={"enabled": True})
-    with pytest.raises(ValueError, match="PPO"):
-        PPOConfig(rewards=[{"name": "accuracy"}], rollout_correction={"mode": "tis"}, **{"async": {"max_staleness": 1}})
+    with pytest.raises(ValueError, match="vLLM and Ray"):
+        GRPOConfig(rollout={"engine": "ray"}, rollout_correction={"mode": "tis"}, **{"async": {"max_staleness": 1}})
     with pytest.raises(ValueError, match="agent trainer"):
         AgentConfig(rollout_correction={"mode": "tis"}, **{"async": {"max_staleness": 1}})

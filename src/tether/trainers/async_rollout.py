@@ -1,6 +1,6 @@
 """Asynchronous RL with bounded staleness that stays a pure function of the seed.
 
-With ``async: {max_staleness: K}`` (K >= 1) a rollout producer in its own process (torch multiprocessing,
+With ``async: {max_staleness: K}`` (K >= 1; GRPO family and PPO) a rollout producer in its own process (torch multiprocessing,
 ``spawn``) generates while the learner trains. The schedule is fixed in advance, never decided by
 timing: the batch of step s is sampled by policy version ``v(s) = max(0, s - K)`` (version v = the
 weights after v updates), from the prompts the learner drew for step s, with step s's sampling seed.
