@@ -131,6 +131,8 @@ def test_self_distillation_reads_the_privileged_prompt_with_the_student_s_own_we
     for i, prompt in enumerate(batch.teacher_prompts):
         record = t.records[batch.prompt_indices[batch.rollout.prompt_index[i]]]
         assert TOKENIZER.decode(prompt, skip_special_tokens=True) == f"{record['answer']} {record['prompt']}"
+        # the privileged context reaches the teacher only: the student sampled from the plain prompt
+        assert TOKENIZER.decode(batch.rollout.prompt_ids[i], skip_special_tokens=True) == record["prompt"]
     expected = -(scores(t.policy, batch) - scores(t.policy, batch, batch.teacher_prompts)) * batch.mask
     assert torch.allclose(batch.distill_advantages[:, :expected.shape[1]], expected, atol=1e-5)
 
