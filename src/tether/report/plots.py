@@ -64,13 +64,15 @@ def _png(fig: Any) -> bytes:
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()
 
-def _draw_series(ax: Any, name: str, lines: dict[str, Series]) -> None:
-    """One panel: a line per run (per seed in a report over seeds, labelled), value against step."""
+def _draw_series(ax: Any, name: str, lines: dict[str, Series], colours: dict[str, str] | None = None) -> None:
+    """One panel: a line per run (per seed in a report over seeds, labelled), value against step. With
+    ``colours`` (label -> colour, the same in every panel of a figure) every panel names its lines."""
     for label, series in lines.items():
         steps = sorted(series)
         ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3,
-                label=label or None, alpha=0.85 if len(lines) > 1 else 1.0)
-    if len(lines) > 1:
+                label=label or None, alpha=0.85 if len(lines) > 1 else 1.0,
+                color=colours.get(label) if colours else None)
+    if len(lines) > 1 or (colours and len(colours) > 1 and any(lines)):
         ax.legend(fontsize=6)
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
@@ -86,8 +88,13 @@ def small_multiples(title: str, panels: dict[str, dict[str, Series]]) -> bytes:
     fig.subplots_adjust(left=0.8 / (3.2 * cols), right=0.98, bottom=0.55 / height, top=1 - 0.75 / height,
                         wspace=0.4, hspace=0.6)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    from matplotlib import rcParams
+
+    cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
+    labels = list(dict.fromkeys(label for lines in panels.values() for label in lines))
+    colours = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}  # one colour per line, every panel
     for ax, (name, lines) in zip(axes, panels.items(), strict=False):
-        _draw_series(ax, name, lines)
+        _draw_series(ax, name, lines, colours)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     fig.suptitle(title)
