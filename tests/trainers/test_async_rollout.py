@@ -46,6 +46,7 @@ def test_staleness_one_is_bitwise_reproducible_and_still_learns(tmp_path):
     assert not a.async_rollouts.process.is_alive()  # stopped after the last step
 
 
+@pytest.mark.slow
 def test_staleness_two_follows_the_schedule_and_differs_from_the_synchronous_run(tmp_path):
     _, metrics = run(tmp_path / "k2", 2, steps=5)
     assert [m["async/staleness_mean"] for m in metrics] == [0.0, 1.0, 2.0, 2.0, 2.0]
@@ -55,6 +56,7 @@ def test_staleness_two_follows_the_schedule_and_differs_from_the_synchronous_run
     assert [m["reward/mean"] for m in sync] != [m["reward/mean"] for m in metrics]
 
 
+@pytest.mark.slow
 def test_ppo_with_a_critic_runs_async_and_reproducibly(tmp_path):
     from tether.trainers.ppo import PPOTrainer
 
