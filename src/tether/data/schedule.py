@@ -6,6 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from tether.data.schemas import DataError
+
 
 class BatchSchedule:
     """Which examples form the micro-batches of optimiser step ``s``: a pure function of ``s``, for exact resume.
@@ -23,8 +25,9 @@ class BatchSchedule:
         self.rank, self.world_size, self.reshuffle = rank, world_size, reshuffle
         self.per_rank = n // batch_size // world_size
         if self.per_rank < grad_accum:
-            raise ValueError(f"{n} examples make only {self.per_rank} micro-batches of {batch_size} per rank, "
-                             f"fewer than grad_accum={grad_accum}")
+            raise DataError(f"{n} examples make only {self.per_rank} micro-batches of {batch_size} per rank, "
+                            f"fewer than grad_accum={grad_accum}: lower train.batch_size (or grad_accum), or give "
+                            "more data")
         self.steps_per_epoch = self.per_rank // grad_accum
         self._cache: tuple[int, list[list[int]]] | None = None
 
