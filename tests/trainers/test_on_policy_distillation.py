@@ -190,3 +190,24 @@ def test_opd_arithmetic_recipe_runs_end_to_end(tmp_path):
     results = run_recipe(apply_recipe_overrides(load_recipe("opd-arithmetic"), small), tmp_path, report=False)
     assert results["opd"]["train/steps"] == 3 and "accuracy" in results["opd-jsd"]
     assert (tmp_path / "opd.png").exists()
+
+
+def test_the_teacher_token_count_accumulates_and_survives_a_resume(tmp_path, teacher_dir):
+    cfg = config({"teacher": {"path": teacher_dir}}, train={"max_steps": 3, "batch_size": 4, "log_every": 1,
+                                                          "progress": False, "save_every": 1})
+    whole = trainer(tmp_path / "whole", cfg)
+    totals = []
+    for _ in range(3):
+        metrics = whole.training_step()
+        whole.step += 1
+        totals.append(metrics["distill/teacher_tokens_total"])
+    assert totals[0] < totals[1] < totals[2] and totals[2] == sum(m for m in [totals[0], totals[1] - totals[0],
+                                                                              totals[2] - totals[1]])
+    first = trainer(tmp_path / "split", cfg)
+    for _ in range(2):
+        first.training_step()
+        first.step += 1
+    first.save_checkpoint()
+    resumed = trainer(tmp_path / "split", cfg)
+    resumed.resume()
+    assert resumed.step == 2 and resumed.training_step()["distill/teacher_tokens_total"] == totals[2]

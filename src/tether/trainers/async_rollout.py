@@ -26,6 +26,7 @@ same requests and gets the same batches. Logged: ``async/staleness_mean``, ``asy
 from __future__ import annotations
 
 import copy
+import io
 import os
 import queue
 import time
@@ -38,12 +39,26 @@ import torch
 _POLL_S = 1.0  # how often a waiting producer checks that the learner is alive
 
 
-def _producer_main(model: torch.nn.Module, tokenizer: Any, batch_size: int | None, threads: int,
+def _to_bytes(value: Any) -> bytes:
+    """``value`` (a model, a state dict) serialised whole. Weights cross to the producer as bytes, not as
+    shared-memory tensor handles: those ride on a helper thread of the sending process, which a process
+    forked after one was started (a test harness, a job runner) cannot use."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _producer_main(model_bytes: bytes, tokenizer: Any, batch_size: int | None, threads: int,
                    requests: Any, results: Any, parent: int) -> None:
     """The producer process: apply weight updates and generate requests strictly in queue order."""
     from tether.rollout.hf_engine import HFEngine
 
     torch.set_num_threads(threads)
+    model = _from_bytes(model_bytes)
     engine = HFEngine(model.eval(), tokenizer, batch_size=batch_size)
     version = None
     while True:
@@ -58,7 +73,7 @@ def _producer_main(model: torch.nn.Module, tokenizer: Any, batch_size: int | Non
                 return
             if kind == "weights":
                 version, state = payload
-                model.load_state_dict(state)
+                model.load_state_dict(_from_bytes(state))
             elif kind == "generate":
                 step, wanted, prompt_ids, params = payload
                 if wanted != version:
@@ -92,8 +107,8 @@ class AsyncRollouts:
         context = torch.multiprocessing.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         self.process = context.Process(target=_producer_main, daemon=True, args=(
-            copy.deepcopy(policy).to("cpu").eval(), tokenizer, batch_size, threads, self.requests, self.results,
-            os.getpid()))
+            _to_bytes(copy.deepcopy(policy).to("cpu").eval()), tokenizer, batch_size, threads, self.requests,
+            self.results, os.getpid()))
         self.pending: dict[int, list[int]] = {}  # step -> its prompt indices, requested, not yet taken
         self.versions: dict[int, dict[str, torch.Tensor]] = {}  # version -> weights, the last K + 1 kept
         self.started = False
@@ -115,7 +130,7 @@ class AsyncRollouts:
         for s in sorted(self.pending):
             if self.version_of(s) != sent:
                 sent = self.version_of(s)
-                self.requests.put(("weights", (sent, self.versions[sent])))
+                self.requests.put(("weights", (sent, _to_bytes(self.versions[sent]))))
             self._send(s)
         self._keep_last_versions(step)
 
@@ -152,7 +167,7 @@ class AsyncRollouts:
         self.versions[version] = _cpu_state(self.policy)
         target = version + self.k
         if target < self.max_steps:
-            self.requests.put(("weights", (version, self.versions[version])))
+            self.requests.put(("weights", (version, _to_bytes(self.versions[version]))))
             self.pending[target] = self.draw(target)
             self._send(target)
         self._keep_last_versions(version)

@@ -19,7 +19,8 @@ Teachers (``distill.teacher``):
 
 ``privileged_prompt`` applies to every kind: the teacher scores the student's completion after its own
 prompt. Figures: ``distill/reverse_kl`` (mean sampled-token estimate), ``distill/divergence`` (the loss
-term), ``distill/teacher_tokens`` (tokens the teacher read this step).
+term), ``distill/teacher_tokens`` (tokens the teacher read this step) and ``distill/teacher_tokens_total``
+(since the stage began, resumed with its checkpoints).
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class Distillation:
         self.teacher = build_teacher(cfg.teacher, policy, tokenizer, temperature=temperature, row_tokens=row_tokens)
         self.divergence = DISTILLATION_DIVERGENCES.get(cfg.divergence)
         self.whole = "distributions" in DISTILLATION_DIVERGENCES.needs(cfg.divergence)
+        self.teacher_tokens_total = 0  # every token the teacher has read in this stage (kept in checkpoints)
 
     def teacher_prompts(self, records: Sequence[dict], prompt_ids: Sequence[list[int]]) -> list[list[int]]:
         """Each sample's teacher prompt: its own, or the privileged template filled with its record's fields."""
@@ -157,8 +159,9 @@ class Distillation:
                    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """The sampled-token signal ``-coef * (log π_S - log π_T)`` per token (masked), or None for the
         whole-distribution divergences (a loss term instead); and the step's figures."""
-        figures = {"distill/teacher_tokens": float(sum(len(p) + len(c) for p, c in
-                                                       zip(teacher_prompts, completions, strict=True)))}
+        read = sum(len(p) + len(c) for p, c in zip(teacher_prompts, completions, strict=True))
+        self.teacher_tokens_total += read
+        figures = {"distill/teacher_tokens": float(read), "distill/teacher_tokens_total": float(self.teacher_tokens_total)}
         if self.whole or student_logprobs is None:
             return None, figures
         teacher = self.teacher.token_logprobs(teacher_prompts, completions).to(student_logprobs.device)

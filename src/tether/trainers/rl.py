@@ -163,11 +163,14 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
     def extra_state(self) -> dict[str, Any]:
         return {"running_baseline": self.running_baseline, "prompt_cursor": self.prompt_cursor,
                 "kl_controller": self.kl_controller.state_dict(), "reward_moments": self.moments.state_dict(),
-                "entropy_control": self.entropy.state_dict(), "async": self.async_state()}
+                "entropy_control": self.entropy.state_dict(), "async": self.async_state(),
+                "distill_tokens": self.distillation.teacher_tokens_total if self.distillation else 0}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.running_baseline = state.get("running_baseline")
         self.prompt_cursor, self.async_restored = state.get("prompt_cursor", 0), state.get("async")
+        if self.distillation is not None:
+            self.distillation.teacher_tokens_total = state.get("distill_tokens", 0)
         if "kl_controller" in state:
             self.kl_controller.load_state_dict(state["kl_controller"])
             self.moments.load_state_dict(state["reward_moments"])
