@@ -194,13 +194,13 @@ class DistillationSteps:
 
     distillation: Distillation | None
 
-    def distill_signal(self, batch: Any) -> None:
+    def distill_signal(self, batch: Any, behaviour: torch.Tensor | None = None) -> None:
         """After the frozen passes: each sample's teacher prompt, and the sampled-token advantage from the
-        behaviour policy's log-probs (recomputed by the trainer when the step kept none)."""
+        behaviour policy's log-probs (``behaviour``, when the frozen passes computed them; else recomputed)."""
         rollout = batch.rollout
         records = [self.records[batch.prompt_indices[i]] for i in rollout.prompt_index]
         batch.teacher_prompts = self.distillation.teacher_prompts(records, rollout.prompt_ids)
-        student = batch.old_logprobs
+        student = behaviour if behaviour is not None else batch.old_logprobs
         if student is None and not self.distillation.whole:
             student = self.frozen_logprobs(rollout, reference=False)
         batch.distill_advantages, figures = self.distillation.advantages(batch.teacher_prompts, rollout.completion_ids,

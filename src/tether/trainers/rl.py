@@ -327,7 +327,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
         if batch.kl is not None and cfg.kl.in_reward:
             batch.token_rewards = -self.kl_controller.value * batch.kl
         if self.distillation is not None:
-            self.distill_signal(batch)
+            self.distill_signal(batch, behaviour)
 
     def advantages(self, batch: RLBatch) -> AdvantageOutputs:
         """The configured estimator over every rank's rollouts (global batch statistics), this rank's rows
