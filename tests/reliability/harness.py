@@ -80,8 +80,26 @@ def async_grpo_stage() -> dict:
             "rollout_correction": {"mode": "tis"}}
 
 
+def async_agent_stage() -> dict:
+    """Multi-turn tool-use RL whose episodes (turns, calculator calls) run in the producer process, one
+    policy version behind."""
+    return {"name": "async_agent", "type": "agent", "algorithm": "grpo", "model": {"name_or_path": "tether/tiny"},
+            "environment": {"task": {"name": "multiplication", "options": {"digits": 2}, "n": 32},
+                            "tools": ["calculator"], "system_prompt": False, "max_observation_chars": 24},
+            "agent": {"max_turns": 2, "max_tokens": 48, "max_tokens_per_turn": 8},
+            "rollout": {"group_size": 4}, "row_tokens": 256, "kl": {"coef": 0.05},
+            "train": {**_train(), "batch_size": 2}, "optim": {"lr": 1e-2, "schedule": "constant"},
+            "report_to": [], "async": {"max_staleness": 1}, "rollout_correction": {"mode": "tis"}}
+
+
+def generated_digits(prompts, completions, trajectory, **columns):
+    """A dense reward on the agent's own turns (the random tiny model never solves a task)."""
+    texts = ["".join(turn.text for turn in t.turns) for t in trajectory]
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
+
+
 FAMILIES: dict[str, Callable[[], dict]] = {"sft": sft_stage, "dpo": dpo_stage, "grpo": grpo_stage,
-                                           "async_grpo": async_grpo_stage}
+                                           "async_grpo": async_grpo_stage, "async_agent": async_agent_stage}
 
 
 def run_family(family: str, run_dir: Path) -> None:
@@ -93,6 +111,12 @@ def run_family(family: str, run_dir: Path) -> None:
         if (run_dir / family / "stage.json").exists():
             return
         train_grpo(stage, out=run_dir, reward_functions=[digit_fraction], resume=True)
+    elif family == "async_agent":
+        from tether.stages import train_agent
+
+        if (run_dir / family / "stage.json").exists():
+            return
+        train_agent(stage, out=run_dir, reward_functions=[generated_digits], resume=True)
     else:  # a recipe through the pipeline, as `tether run` does (a finished stage is skipped)
         from tether.stages.pipeline import run_recipe
 

@@ -178,8 +178,6 @@ class AgentConfig(GRPOConfig):
 
     @model_validator(mode="after")
     def _agent_supported(self) -> AgentConfig:
-        if self.async_rollout.max_staleness:
-            raise ValueError("async is not supported by the agent trainer yet: drop async (max_staleness: 0)")
         if set(ADVANTAGE_ESTIMATORS.needs(self.advantage)) - {"values"} or self.dynamic_sampling.enabled \
                 or self.overlong is not None:
             raise ValueError("the agent trainer does not support advantages that need extra rollouts (remax), "

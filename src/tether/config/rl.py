@@ -304,9 +304,9 @@ class RLConfig(StageConfig):
             if self.rollout_correction.mode == "none":
                 raise ValueError("async: off-policy samples need a correction: set rollout_correction.mode (e.g. "
                                  "tis) so the sampler's log-probs are the behaviour policy")
-            if self.dynamic_sampling.enabled or self.rollout.engine != "hf":
-                raise ValueError("async supports the hf engine without dynamic sampling (the vLLM and Ray "
-                                 "engines are not supported yet)")
+            if self.dynamic_sampling.enabled:
+                raise ValueError("async does not support dynamic sampling (its rounds depend on the rewards of "
+                                 "the step's own samples): drop one")
         if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
                              f"({self.rollout.max_new_tokens})")

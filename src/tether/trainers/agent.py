@@ -19,6 +19,11 @@ its length): the environment's reply is a transition, not a step of the policy. 
 lands on the last action token, the KL (in the reward) on every action token; observation tokens get
 advantage 0, return 0 and no value-loss term. Per-turn ``step_rewards`` are not used (as critic-free).
 
+Asynchronous (``async: {max_staleness: K}``, :mod:`tether.trainers.async_rollout`): the producer process
+runs the whole multi-turn loop (:class:`EpisodeSampler`: its own engine, environments and tools) with the
+policy K versions behind and sends back the finished trajectories, which carry the sampler's log-probs
+of the policy's tokens (NaN on observation tokens, which no correction reads).
+
 Optional GiGPO (Feng et al. 2025; ``gigpo: {weight, gamma}``): a step-level advantage from
 anchor-state groups is added, per turn, to GRPO's episode-level one (see :mod:`tether.core.gigpo`).
 
@@ -32,12 +37,14 @@ are chat messages ended by the end-of-turn token rather than one text with ``Obs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tether.config.agent import AgentConfig, GiGPOConfig
+from tether.config.agent import AgentConfig, AgentLoopConfig, EnvironmentConfig, GiGPOConfig
 from tether.core.advantages import AdvantageOutputs
 from tether.core.gigpo import discounted_step_returns, step_group_advantages
 from tether.data.sources import record_columns
@@ -51,6 +58,7 @@ from tether.rollout.agent import (
     trajectory_texts,
 )
 from tether.rollout.environment import environment_records
+from tether.trainers.async_rollout import EngineSampler
 from tether.trainers.rl import RLBatch, RLTrainer
 
 
@@ -69,13 +77,25 @@ class AgentRLTrainer(RLTrainer):
         self.loop = AgentLoop(self.engine, tokenizer, make_env, self.renderer, config.agent)
 
     def collect(self) -> RLBatch:
-        indices = self.next_prompts(self.config.train.batch_size)
-        trajectories = self.loop.run([self.records[i] for i in indices], self.sampling_params(0))
+        figures: dict[str, float] = {}
+        if self.config.async_rollout.max_staleness:  # run ahead by the producer process
+            indices, trajectories, figures = self.async_take()
+        else:
+            indices = self.next_prompts(self.config.train.batch_size)
+            trajectories = self.loop.run(self.async_request(indices), self.sampling_params(0))
         rollout = AgentRollout.from_trajectories(trajectories, trajectory_texts(trajectories, self.tokenizer))
         rewards, metrics = self.score(indices, rollout)
         metrics.update({f"agent/{k}": v for k, v in
                         trajectory_metrics(trajectories, self.config.agent.success_threshold).items()})
+        metrics.update(figures)
         return RLBatch(indices, rollout, rewards, metrics)
+
+    def async_sampler(self) -> EpisodeSampler:
+        return EpisodeSampler(self.config.environment, self.config.agent, super().async_sampler())
+
+    def async_request(self, indices: list[int]) -> list[dict]:
+        """The episodes' tasks (the sampler's payload)."""
+        return [self.records[i] for i in indices]
 
     def score(self, indices: list[int], rollout: AgentRollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions on the final answers, with the trajectories as the ``trajectory`` column."""
@@ -102,6 +122,20 @@ class AgentRLTrainer(RLTrainer):
         return evaluate_agent(self.policy, self.tokenizer, self.config.environment, self.config.agent,
                               self.config.eval, progress=self.config.train.progress and self.dist.is_main,
                               label=f"{self.stage} eval")
+
+
+@dataclass(frozen=True)
+class EpisodeSampler:
+    """The asynchronous producer's sampler for agents: the multi-turn loop over a request's tasks, with its
+    own environments and the stage's engine (:class:`~tether.trainers.async_rollout.Sampler`)."""
+
+    environment: EnvironmentConfig
+    agent: AgentLoopConfig
+    engine: EngineSampler
+
+    def build(self, model: torch.nn.Module, tokenizer: Any) -> Callable[[list[dict], Any], list[Trajectory]]:
+        make_env, renderer = environment_renderer(self.environment, tokenizer)
+        return AgentLoop(self.engine.build_engine(model, tokenizer), tokenizer, make_env, renderer, self.agent).run
 
 
 def gigpo_token_advantages(trajectories: list[Trajectory], rewards: torch.Tensor, group_size: int, width: int,

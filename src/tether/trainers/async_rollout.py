@@ -1,6 +1,6 @@
 """Asynchronous RL with bounded staleness that stays a pure function of the seed.
 
-With ``async: {max_staleness: K}`` (K >= 1; GRPO family and PPO) a rollout producer in its own process (torch multiprocessing,
+With ``async: {max_staleness: K}`` (K >= 1; GRPO family, PPO and the agent trainer) a rollout producer in its own process (torch multiprocessing,
 ``spawn``) generates while the learner trains. The schedule is fixed in advance, never decided by
 timing: the batch of step s is sampled by policy version ``v(s) = max(0, s - K)`` (version v = the
 weights after v updates), from the prompts the learner drew for step s, with step s's sampling seed.
@@ -10,6 +10,11 @@ s + 1 + K), so the producer, which handles its queue in order, always holds exac
 samples step s, and the learner takes the batches in step order. Staleness is bounded by this pacing
 (the producer can run at most K steps ahead), not by dropping slow rollouts, and a run with K = 1 is
 bitwise the same run every time. ``max_staleness: 0`` is the synchronous loop.
+
+What the producer runs is a picklable sampler spec (:class:`EngineSampler`: the stage's engine, ``hf``,
+``vllm`` or ``ray``, built in the producer on its own copy of the weights; the agent trainer's
+:class:`~tether.trainers.agent.EpisodeSampler`: the multi-turn loop with its environment and tools), so
+the learner's side is the same for every trainer.
 
 Off-policy samples are corrected by the rollout-correction machinery: every sample carries the
 producer's log-probs, which are the behaviour policy; the proximal policy is the learner's current one
@@ -32,7 +37,8 @@ import queue
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -52,14 +58,40 @@ def _from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _producer_main(model_bytes: bytes, tokenizer: Any, batch_size: int | None, threads: int,
-                   requests: Any, results: Any, parent: int) -> None:
-    """The producer process: apply weight updates and generate requests strictly in queue order."""
-    from tether.rollout.hf_engine import HFEngine
+class Sampler(Protocol):
+    """What the producer process runs: ``build(model, tokenizer)`` once, in the producer, gives the function
+    that turns one request's payload and sampling parameters into its rollout."""
 
+    def build(self, model: torch.nn.Module, tokenizer: Any) -> Callable[[Any, Any], Any]: ...
+
+
+@dataclass(frozen=True)
+class EngineSampler:
+    """One ``generate`` call of the stage's engine per request (payload: the prompts' token ids)."""
+
+    engine: str = "hf"
+    batch_size: int | None = None
+    workers: int = 2
+    options: dict[str, Any] = field(default_factory=dict)
+    worker_model: dict[str, Any] | None = None
+
+    def build_engine(self, model: torch.nn.Module, tokenizer: Any) -> Any:
+        """The engine, sampling from ``model`` (the producer's copy of the weights)."""
+        from tether.rollout.engines import build_engine
+
+        return build_engine(self.engine, model, tokenizer, batch_size=self.batch_size, workers=self.workers,
+                            options=self.options, worker_model=self.worker_model)
+
+    def build(self, model: torch.nn.Module, tokenizer: Any) -> Callable[[Any, Any], Any]:
+        return self.build_engine(model, tokenizer).generate
+
+
+def _producer_main(model_bytes: bytes, tokenizer: Any, sampler: Sampler, threads: int, requests: Any,
+                   results: Any, parent: int) -> None:
+    """The producer process: apply weight updates and sample requests strictly in queue order."""
     torch.set_num_threads(threads)
-    model = _from_bytes(model_bytes)
-    engine = HFEngine(model.eval(), tokenizer, batch_size=batch_size)
+    model = _from_bytes(model_bytes).eval()
+    sample = sampler.build(model, tokenizer)
     version = None
     while True:
         try:
@@ -75,12 +107,12 @@ def _producer_main(model_bytes: bytes, tokenizer: Any, batch_size: int | None, t
                 version, state = payload
                 model.load_state_dict(_from_bytes(state))
             elif kind == "generate":
-                step, wanted, prompt_ids, params = payload
+                step, wanted, request, params = payload
                 if wanted != version:
                     raise RuntimeError(f"step {step} needs policy version {wanted}, the producer holds {version}")
                 start = time.perf_counter()
                 with torch.no_grad():
-                    rollout = engine.generate(prompt_ids, params)
+                    rollout = sample(request, params)
                 results.put(("rollout", (step, version, rollout, time.perf_counter() - start)))
         except Exception:  # reported to the learner, which raises it
             results.put(("error", traceback.format_exc()))
@@ -95,19 +127,20 @@ class AsyncRollouts:
     """The learner's side: the producer process, the requests in flight, the last K versions' weights.
 
     ``draw(step)`` picks a step's prompt indices (advancing the learner's prompt order; called once per
-    step, in step order); ``prompts_of(step, indices)`` gives their prompt ids and the step's sampling
-    parameters (a pure function, so a resumed run rebuilds a request from its indices).
+    step, in step order); ``request_of(step, indices)`` gives the sampler's payload for them (prompt ids,
+    or the agent's task records) and the step's sampling parameters (a pure function, so a resumed run
+    rebuilds a request from its indices).
     """
 
-    def __init__(self, policy: torch.nn.Module, tokenizer: Any, *, max_staleness: int, batch_size: int | None,
+    def __init__(self, policy: torch.nn.Module, tokenizer: Any, *, sampler: Sampler, max_staleness: int,
                  threads: int, max_steps: int, draw: Callable[[int], list[int]],
-                 prompts_of: Callable[[int, list[int]], tuple[list[list[int]], Any]]) -> None:
+                 request_of: Callable[[int, list[int]], tuple[Any, Any]]) -> None:
         self.policy, self.k, self.max_steps = policy, max_staleness, max_steps
-        self.draw, self.prompts_of = draw, prompts_of
+        self.draw, self.request_of = draw, request_of
         context = torch.multiprocessing.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         self.process = context.Process(target=_producer_main, daemon=True, args=(
-            _to_bytes(copy.deepcopy(policy).to("cpu").eval()), tokenizer, batch_size, threads, self.requests,
+            _to_bytes(copy.deepcopy(policy).to("cpu").eval()), tokenizer, sampler, threads, self.requests,
             self.results, os.getpid()))
         self.pending: dict[int, list[int]] = {}  # step -> its prompt indices, requested, not yet taken
         self.versions: dict[int, dict[str, torch.Tensor]] = {}  # version -> weights, the last K + 1 kept
@@ -135,8 +168,8 @@ class AsyncRollouts:
         self._keep_last_versions(step)
 
     def _send(self, step: int) -> None:
-        prompt_ids, params = self.prompts_of(step, self.pending[step])
-        self.requests.put(("generate", (step, self.version_of(step), prompt_ids, params)))
+        request, params = self.request_of(step, self.pending[step])
+        self.requests.put(("generate", (step, self.version_of(step), request, params)))
 
     def take(self, step: int) -> tuple[list[int], Any, dict[str, float]]:
         """Step ``step``'s prompt indices, its rollout (sampled by version ``v(step)``) and the async figures."""
@@ -193,34 +226,49 @@ class AsyncRollouts:
 
 
 class AsyncSteps:
-    """The RL trainer's asynchronous collection (mixed into :class:`~tether.trainers.rl.RLTrainer`, which owns
-    ``config``, ``policy``, ``next_prompts``, ``sampling_params`` and ``score``)."""
+    """The RL trainers' asynchronous collection (mixed into :class:`~tether.trainers.rl.RLTrainer`, which owns
+    ``config``, ``policy``, ``next_prompts``, ``sampling_params`` and ``score``). A trainer whose samples are
+    not one ``generate`` call overrides :meth:`async_sampler` and :meth:`async_request`."""
 
     async_rollouts: AsyncRollouts | None = None
     async_restored: dict[str, Any] | None = None
     _last_take: float | None = None
 
-    def async_collect(self) -> tuple[list[int], Any, torch.Tensor, dict[str, Any]]:
-        """Step ``self.step``'s prompt indices, rollout, rewards and figures (the async ones added), from the
+    def async_sampler(self) -> Sampler:
+        """What the producer runs: the stage's engine, built there on the producer's copy of the weights."""
+        r = self.config.rollout
+        return EngineSampler(r.engine, r.engine_batch_size, r.workers, dict(r.engine_options),
+                             self.config.model.model_dump(exclude={"lora", "device"}))
+
+    def async_request(self, indices: list[int]) -> Any:
+        """The sampler's payload for these prompts: their token ids."""
+        return [self.prompt_ids[i] for i in indices]
+
+    def async_take(self) -> tuple[list[int], Any, dict[str, float]]:
+        """Step ``self.step``'s prompt indices, what the sampler made of them and the async figures, from the
         producer (started on first use, from a checkpoint's state on resume)."""
         cfg = self.config
         if self.async_rollouts is None:
             if self.dist.world_size > 1:
                 raise ValueError("async runs in one process for now; drop async or torchrun")
             self.async_rollouts = AsyncRollouts(
-                self.policy, self.tokenizer, max_staleness=cfg.async_rollout.max_staleness,
-                batch_size=cfg.rollout.engine_batch_size, threads=cfg.async_rollout.threads,
+                self.policy, self.tokenizer, sampler=self.async_sampler(),
+                max_staleness=cfg.async_rollout.max_staleness, threads=cfg.async_rollout.threads,
                 max_steps=cfg.train.max_steps, draw=lambda step: self.next_prompts(cfg.train.batch_size),
-                prompts_of=lambda step, indices: ([self.prompt_ids[i] for i in indices],
-                                                  self.sampling_params(0, step=step)))
+                request_of=lambda step, indices: (self.async_request(indices), self.sampling_params(0, step=step)))
             self.async_rollouts.start(self.step, self.async_restored)
-        indices, rollout, figures = self.async_rollouts.take(self.step)
+        indices, sampled, figures = self.async_rollouts.take(self.step)
         now = time.perf_counter()
         if self._last_take is not None:
             interval = now - self._last_take
             figures["async/generation_busy"] = min(1.0, figures["async/generation_s"] / interval)
             figures["async/training_busy"] = max(0.0, 1.0 - figures["async/wait_s"] / interval)
         self._last_take = now
+        return indices, sampled, figures
+
+    def async_collect(self) -> tuple[list[int], Any, torch.Tensor, dict[str, Any]]:
+        """Step ``self.step``'s prompt indices, rollout, rewards and figures (the async ones added)."""
+        indices, rollout, figures = self.async_take()
         rewards, metrics = self.score(indices, rollout)
         metrics.update(figures)
         return indices, rollout, rewards, metrics
