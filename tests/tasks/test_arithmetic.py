@@ -95,6 +95,14 @@ def test_worked_pretraining_text_has_the_algorithm_but_no_tags():
         get_task("arithmetic", pretrain_format="nope")
 
 
+def test_think_pretraining_text_is_the_prompt_then_the_demonstration():
+    task = get_task("arithmetic", digits=2, operators="-", pretrain_format="think")
+    problem = task.sample(__import__("random").Random(3))
+    text = task.pretrain_text(problem)
+    assert text == f"{problem.prompt}<think>{problem.reasoning}</think>{problem.answer}"
+    assert task.verify(text[len(problem.prompt):], problem.answer) == 1.0
+
+
 def test_letter_digits_prompts_answers_and_pretraining_text():
     from tether.tasks.base import is_held_out
 

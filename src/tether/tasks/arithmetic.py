@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from tether.core.text_metrics import LETTER_DIGITS
-from tether.tasks.base import TASKS, Problem, extract_answer
+from tether.tasks.base import TASKS, THINK_CLOSE, THINK_OPEN, Problem, extract_answer
 
 OPERATORS = "+-*"
 _TO_LETTERS = str.maketrans("0123456789", LETTER_DIGITS)
@@ -86,8 +86,8 @@ class Arithmetic:
             raise ValueError(f"need 1 <= min_digits <= digits <= 12, got min_digits={min_digits}, digits={digits}")
         if not operators or any(op not in OPERATORS for op in operators):
             raise ValueError(f"operators must be a non-empty string of {OPERATORS!r}, got {operators!r}")
-        if pretrain_format not in ("equation", "worked"):
-            raise ValueError(f"pretrain_format must be 'equation' or 'worked', got {pretrain_format!r}")
+        if pretrain_format not in ("equation", "worked", "think"):
+            raise ValueError(f"pretrain_format must be 'equation', 'worked' or 'think', got {pretrain_format!r}")
         if not 0.0 <= letter_digits <= 1.0:
             raise ValueError(f"letter_digits is the share of prompts in letter digits, in [0, 1]; got {letter_digits}")
         self.digits, self.min_digits, self.operators = digits, min_digits, operators
@@ -130,10 +130,14 @@ class Arithmetic:
         """Raw text without the ``<think>`` protocol: plain equations (``47+85=132``), or with
         ``pretrain_format="worked"`` the column work in prose-like form
         (``47+85: 7+5=12 c1|4+8+1=13 c1| so 132``), so a base model can know the algorithm
-        while never having seen the reasoning tags. A letter-digit problem's text is in letter digits
+        while never having seen the reasoning tags; ``"think"`` writes the problem in the reasoning
+        protocol (``47+85=<think>...</think>132``), for a pretraining mix in which some other problems
+        (another operator, say) carry the tags. A letter-digit problem's text is in letter digits
         throughout (``EH+IF: H+F=BC cB|...``)."""
         if self.pretrain_format == "worked":
             text = f"{problem.prompt[:-1]}: {problem.reasoning} so {problem.answer}"
+        elif self.pretrain_format == "think":
+            text = f"{problem.prompt}{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
         else:
             text = f"{problem.prompt}{problem.answer}"
         return text.translate(_TO_LETTERS) if _in_letters(problem.prompt) else text
