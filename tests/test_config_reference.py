@@ -2,6 +2,7 @@
 
 import importlib
 import pkgutil
+
 import tether
 from tether.config.base import StrictModel
 from tether.config.reference import config_classes, main, render, undescribed_fields
