@@ -48,6 +48,7 @@ SHRINK = [  # (pattern, replacement) applied to a Python block's text
 SHELL_SHRINK = [  # (pattern, replacement) applied to a command line
     (r"(--n[ =])(\d+)", lambda m: f"{m.group(1)}{min(int(m.group(2)), 8)}"),
     (r"(--seeds[ =])\S+", r"\g<1>0,1"),
+    (r"(max_steps=)\d+", r"\g<1>2"),
 ]
 
 
@@ -167,8 +168,8 @@ def test_the_docs_have_runnable_blocks_every_one_parses_and_shrinking_changes_on
     assert shrink('train={"max_steps": 300, "batch_size": 32}, seeds=[0, 1, 2], "n": 2000, "n": 8') == \
         'train={"max_steps": 2, "batch_size": 4}, seeds=[0, 1], "n": 40, "n": 8'
     assert shrink('{"max_steps": 300}  # not shrunk\n{"max_steps": 300}\n') == '{"max_steps": 300}  # not shrunk\n{"max_steps": 2}\n'
-    assert shell_commands("tether eval --n 200 -k 4   # a comment\ntether run x \\\n  --seeds 5 'a.b=c d'\n") == [
-        ["tether", "eval", "--n", "8", "-k", "4"], ["tether", "run", "x", "--seeds", "0,1", "a.b=c d"]]
+    assert shell_commands("tether eval --n 200 -k 4   # a comment\ntether run x \\\n  --seeds 5 'a.b=c d' s.train.max_steps=50\n") == [
+        ["tether", "eval", "--n", "8", "-k", "4"], ["tether", "run", "x", "--seeds", "0,1", "a.b=c d", "s.train.max_steps=2"]]
 
 
 def test_not_runnable_blocks_say_why():
