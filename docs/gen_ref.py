@@ -199,7 +199,7 @@ def registries_page() -> str:
         lines.append(f"| [`{name}`](#{name.lower()}) | {registry.kind} | {len(registry)} | `{module}` |")
     lines.append("")
     for name, module, registry in regs:
-        lines += [f"## {name}", "", f"Registry of {registry.kind}s, in `{module}`.", "",
+        lines += [f"## {name}", "", f"Entries of kind \"{registry.kind}\", in `{module}`.", "",
                   "| name | description | aliases | needs |", "| --- | --- | --- | --- |"]
         for entry_name, aliases, entry in _entries(registry):
             needs = ", ".join(f"`{n}`" for n in sorted(registry.needs(entry_name)))
