@@ -55,14 +55,15 @@ def _slug(heading: str) -> str:
 def test_every_section_of_the_old_readme_has_a_home():
     """The sections the README had before the site (2026-12) are pages or sections of the site (by their
     heading there: "Reproducible runs and figures over seeds" became "Seeds and intervals" and "Determinism",
-    "Python API" "From Python", "Figures" "Earlier figures")."""
+    "Python API" "From Python", "Reinforcement learning with verifiable rewards" "The GRPO family", "Figures"
+    "Earlier figures")."""
     pages = {p.relative_to(ROOT / "docs").as_posix(): p.read_text() for p in (ROOT / "docs").rglob("*.md")}
     homes = {
         "Set-up": "getting-started.md", "What it trains": "results.md",
         "Command line": "concepts/recipes.md", "The run directory": "concepts/run-directory.md",
         "Seeds and intervals": "concepts/seeds.md", "Determinism": "concepts/determinism.md",
         "From Python": "getting-started.md",
-        "Reinforcement learning with verifiable rewards": "loops/grpo.md", "Process supervision": "loops/grpo.md",
+        "GRPO family": "loops/grpo.md", "Process supervision": "loops/grpo.md",
         "mismatch and its correction": "loops/grpo.md", "Asynchronous RL with bounded staleness": "loops/grpo.md",
         "Entropy controls and several rewards": "loops/grpo.md", "The full R1 pipeline": "loops/r1.md",
         "Reward models": "loops/reward-models.md", "Preference optimisation": "loops/preference.md",
