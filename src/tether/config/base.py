@@ -1,7 +1,7 @@
 """The base of every config: strict pydantic models, registry-name checks, and YAML / override parsing.
 
 Unknown keys are rejected with the list of valid ones; every field carries a description (a test
-checks it), from which ``python -m tether.config.reference`` writes ``docs/configuration.md``.
+checks it), from which the documentation site generates its configuration reference (``tether.config.reference``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The configuration reference, generated from the pydantic models: ``python -m tether.config.reference``.
 
-Writes ``docs/configuration.md`` (or prints with ``-``): every config class of ``tether.config``, grouped by
-module, each field with its type, default and description. A test keeps the committed file equal to
-what this renders, and another fails on a field without a description.
+Prints (or writes to a PATH) every config class of ``tether.config``, grouped by module, each field with its
+type, default and description. The documentation site renders it when it is built (``docs/gen_ref.py``, its
+page ``reference/configuration.md``), so nothing generated is committed; a test fails on a field without a
+description.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from tether.config.base import StrictModel
 
 MODULES = ("common", "sampling", "data", "rewards", "sft", "preference", "rl", "agent", "rlhf", "cai", "distill",
            "compare")
-DEFAULT_PATH = Path("docs") / "configuration.md"
 MAX_DEFAULT = 70
 
 
@@ -103,7 +103,8 @@ def render_class(cls: type[StrictModel]) -> str:
 def render() -> str:
     """The whole reference, as Markdown."""
     parts = ["# Configuration reference", "",
-             "Generated from the pydantic models by `python -m tether.config.reference`; do not edit by hand. "
+             "Generated from the pydantic models when the documentation is built (`python -m tether.config.reference` "
+             "prints it); do not edit by hand. "
              "A recipe stage is a mapping of these keys (its `type` picks the stage config); nested blocks are "
              "the classes linked in the type column. Unknown keys are errors that list the valid ones.", ""]
     current = None
@@ -117,13 +118,13 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tether.config.reference [PATH | -]``: write the reference (default docs/configuration.md)."""
+    """``python -m tether.config.reference [PATH | -]``: print the reference (``-`` or nothing), or write it to PATH."""
     args = sys.argv[1:] if argv is None else argv
     text = render()
-    if args and args[0] == "-":
+    if not args or args[0] == "-":
         sys.stdout.write(text)
         return 0
-    path = Path(args[0]) if args else DEFAULT_PATH
+    path = Path(args[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(f"wrote {path} ({len(config_classes())} config classes)")

@@ -130,6 +130,15 @@ class AdaptiveKLController(FixedKLController):
 
 
 KL_CONTROLLERS: Registry[Callable[..., FixedKLController]] = Registry("KL controller")
-KL_CONTROLLERS.register("fixed")(lambda coef, **_: FixedKLController(coef))
-KL_CONTROLLERS.register("adaptive")(lambda coef, *, target, horizon, **_: AdaptiveKLController(
-    coef, target=target, horizon=horizon))
+
+
+@KL_CONTROLLERS.register("fixed")
+def fixed_controller(coef: float, **_: object) -> FixedKLController:
+    """A constant KL coefficient beta."""
+    return FixedKLController(coef)
+
+
+@KL_CONTROLLERS.register("adaptive")
+def adaptive_controller(coef: float, *, target: float, horizon: float, **_: object) -> AdaptiveKLController:
+    """Ziegler et al. 2019's adaptive beta, moved each batch toward holding the KL at ``target``."""
+    return AdaptiveKLController(coef, target=target, horizon=horizon)

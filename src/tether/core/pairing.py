@@ -38,6 +38,7 @@ def _by_gap(pairs: list[Pair], scores: Sequence[float | None]) -> list[Pair]:
 
 @PAIR_RULES.register("best_vs_worst")
 def best_vs_worst(scores: Sequence[float | None], *, margin: float = 0.0, threshold: float | None = None) -> list[Pair]:
+    """The best-scored sample against the worst, when their gap exceeds ``margin``."""
     present = _present(scores)
     if len(present) < 2:
         return []
@@ -48,6 +49,7 @@ def best_vs_worst(scores: Sequence[float | None], *, margin: float = 0.0, thresh
 
 @PAIR_RULES.register("all_pairs")
 def all_pairs(scores: Sequence[float | None], *, margin: float = 0.0, threshold: float | None = None) -> list[Pair]:
+    """Every pair of samples whose gap exceeds ``margin``, the largest gaps first."""
     present = _present(scores)
     pairs = [(i, j) for i, si in present for j, sj in present if si - sj > margin]
     return _by_gap(pairs, scores)
@@ -56,6 +58,7 @@ def all_pairs(scores: Sequence[float | None], *, margin: float = 0.0, threshold:
 @PAIR_RULES.register("threshold")
 def threshold_pairs(scores: Sequence[float | None], *, margin: float = 0.0, threshold: float | None = None
                     ) -> list[Pair]:
+    """Samples scored at least ``threshold`` against those below it."""
     if threshold is None:
         raise ValueError("pair rule 'threshold' needs a threshold")
     present = _present(scores)

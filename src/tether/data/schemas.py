@@ -151,11 +151,13 @@ def _extras(row: dict, known: Sequence[str]) -> dict:
 
 @FORMATS.register("text")
 def _validate_text(row: dict) -> dict:
+    """Raw text for pretraining: ``text``."""
     return {"text": _text(_require(row, "text"), "text"), **_extras(row, ["text"])}
 
 
 @FORMATS.register("chat")
 def _validate_chat(row: dict) -> dict:
+    """A conversation: ``messages``, a list of ``{role, content}``."""
     out = {"messages": _messages(_require(row, "messages"), "messages")}
     if _present(row, "tools"):
         tools = row["tools"]
@@ -176,11 +178,13 @@ def _prompt_completion(row: dict) -> dict:
 
 @FORMATS.register("prompt_completion")
 def _validate_prompt_completion(row: dict) -> dict:
+    """A prompt and its completion (strings, or message lists for the chat template)."""
     return {**_prompt_completion(row), **_extras(row, ["prompt", "completion"])}
 
 
 @FORMATS.register("unpaired")
 def _validate_unpaired(row: dict) -> dict:
+    """KTO's unpaired records: ``prompt``, ``completion`` and a boolean ``label``."""
     out = _prompt_completion(row)
     label = _require(row, "label")
     if isinstance(label, int) and label in (0, 1):  # bool is an int too
@@ -192,6 +196,7 @@ def _validate_unpaired(row: dict) -> dict:
 
 @FORMATS.register("prompt_answer")
 def _validate_prompt_answer(row: dict) -> dict:
+    """RL prompts with their reference ``answer``; extra columns kept."""
     prompt = _text_or_messages(_require(row, "prompt"), "prompt")
     answer = _require(row, "answer")
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):
@@ -211,6 +216,7 @@ def _validate_prompt(row: dict) -> dict:
 
 @FORMATS.register("stepwise")
 def _validate_stepwise(row: dict) -> dict:
+    """Process-reward records: ``prompt``, ``steps`` and one boolean label per step."""
     prompt = _text_or_messages(_require(row, "prompt"), "prompt")
     steps, labels = _require(row, "steps"), _require(row, "labels")
     if not isinstance(steps, list) or not steps:
@@ -229,6 +235,7 @@ def _validate_stepwise(row: dict) -> dict:
 
 @FORMATS.register("preference")
 def _validate_preference(row: dict) -> dict:
+    """Preference pairs: ``chosen`` and ``rejected``, with ``prompt`` or a shared prefix."""
     chosen = _text_or_messages(_require(row, "chosen"), "chosen")
     rejected = _text_or_messages(_require(row, "rejected"), "rejected")
     _same_kind(row, ["prompt", "chosen", "rejected"])

@@ -190,6 +190,8 @@ def calculate(expression: str, *, max_digits: int = 100) -> str:
 
 @TOOLS.register("calculator")
 def calculator_tool() -> Tool:
+    """The ``calculator`` tool: evaluates an arithmetic expression exactly."""
+
     def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression exactly: integers, + - * / // % ** and parentheses.
 
