@@ -120,6 +120,15 @@ def test_r1_recipe_grpo_beats_sft_over_five_seeds(tmp_path):
     assert gain["n"] == 5 and gain["mean"] >= 0.05 and gain["ci95"][0] > 0, gain
 
 
+def test_a_trainer_set_up_error_is_one_line_without_a_traceback(tmp_path):
+    recipe = tmp_path / "no-reward.yaml"
+    recipe.write_text("name: no-reward\nstages:\n  - {name: grpo, type: grpo, model: {name_or_path: tether/tiny}, "
+                      "rewards: [], train: {max_steps: 1, batch_size: 2}}\n")
+    result = runner.invoke(app, ["run", str(recipe), "--out", str(tmp_path / "run")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "error: stage 'grpo' needs a reward" in result.output
+
+
 def test_invalid_values_are_listed_one_per_line_without_links(tmp_path):
     result = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(tmp_path), "sft.train.max_steps=-1",
                                  "sft.optim.lr=abc"])

@@ -28,14 +28,18 @@ def config(k, steps=8, **extra):
                       rollout_correction={"mode": "tis"}, **{"async": {"max_staleness": k}}, **extra)
 
 
-def run(tmp_path, k, steps=8):
-    model, tokenizer = build_tiny("tiny", seed=0)
-    trainer = RLTrainer(config(k, steps), model, tokenizer, tmp_path, reward_functions=[digit_fraction])
+def train(trainer, steps):
+    """``steps`` training steps; the trainer and each step's metrics."""
     metrics = []
     for _ in range(steps):
         metrics.append(trainer.training_step())
         trainer.step += 1
     return trainer, metrics
+
+
+def run(tmp_path, k, steps=8):
+    model, tokenizer = build_tiny("tiny", seed=0)
+    return train(RLTrainer(config(k, steps), model, tokenizer, tmp_path, reward_functions=[digit_fraction]), steps)
 
 
 def test_staleness_one_is_bitwise_reproducible_and_still_learns(tmp_path):
@@ -72,12 +76,7 @@ def test_ppo_with_a_critic_runs_async_and_reproducibly(tmp_path):
                         optim={"lr": 1e-2, "schedule": "constant"}, report_to=[], rollout_correction={"mode": "tis"},
                         **{"async": {"max_staleness": 1}})
         model, tokenizer = build_tiny("tiny", seed=0)
-        trainer = PPOTrainer(cfg, model, tokenizer, run_dir, reward_functions=[digit_fraction])
-        metrics = []
-        for _ in range(4):
-            metrics.append(trainer.training_step())
-            trainer.step += 1
-        return trainer, metrics
+        return train(PPOTrainer(cfg, model, tokenizer, run_dir, reward_functions=[digit_fraction]), 4)
 
     a, metrics = ppo(tmp_path / "a")
     b, _ = ppo(tmp_path / "b")
@@ -109,11 +108,7 @@ def test_agent_episodes_run_in_the_producer_reproducibly_and_on_schedule(tmp_pat
         t = agent_trainer(run_dir, cfg)
         batches, collect = [], t.collect
         t.collect = lambda: batches.append(collect()) or batches[-1]
-        metrics = []
-        for _ in range(4):
-            metrics.append(t.training_step())
-            t.step += 1
-        return t, metrics, batches
+        return (*train(t, 4), batches)
 
     a, metrics, batches = agent(tmp_path / "a", 1)
     b, metrics_b, _ = agent(tmp_path / "b", 1)
@@ -142,11 +137,7 @@ def test_a_ray_producer_samples_with_the_version_it_holds(tmp_path):
         cfg = config(1, steps=3, model={"name_or_path": "tether/tiny", "seed": 0})
         cfg.rollout.engine, cfg.rollout.workers = engine, 1
         model, tokenizer = build_tiny("tiny", seed=0)
-        trainer = RLTrainer(cfg, model, tokenizer, run_dir, reward_functions=[digit_fraction])
-        metrics = []
-        for _ in range(3):
-            metrics.append(trainer.training_step())
-            trainer.step += 1
+        trainer, metrics = train(RLTrainer(cfg, model, tokenizer, run_dir, reward_functions=[digit_fraction]), 3)
         return trainer, [m["reward/mean"] for m in metrics]
 
     a, rewards = ray_run(tmp_path / "a", "ray")

@@ -21,6 +21,7 @@ import torch
 from rich import get_console
 
 from tether.config.agent import AgentEpisodesConfig, AgentEvalStageConfig
+from tether.config.base import ConfigError
 from tether.data.episode_pairs import episode_pairs
 from tether.data.files import write_jsonl_atomic
 from tether.evaluation import evaluate_agent
@@ -59,7 +60,7 @@ def sample_episodes(config: AgentEpisodesConfig | dict, *, out: str | Path, mode
     records = [episode_record(t, renderer) for t in trajectories]
     pairs, stats = episode_pairs(records, success_threshold=cfg.agent.success_threshold, seed=sampling.seed)
     if not pairs:
-        raise ValueError(f"no pairs: of {len(tasks)} tasks, {stats['no_success']} had no successful episode and "
+        raise ConfigError(f"no pairs: of {len(tasks)} tasks, {stats['no_success']} had no successful episode and "
                          f"{stats['no_failure']} no failed one in {sampling.samples} samples; sample more episodes "
                          "(episodes.samples, episodes.n) or start from a model that succeeds sometimes")
     out = Path(out)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.cai import AILabelsConfig, RLAIFConfig, SLCAIConfig
 from tether.config.data import DataConfig
 from tether.config.rewards import JudgeConfig
@@ -105,7 +106,7 @@ def build_sl_cai_corpus(cfg: SLCAIConfig, model: Any, tokenizer: Any, out_dir: P
               for rec, chain in zip(records, chains, strict=True)]
     kept = [c for c in corpus if c["revision"].strip() and (cfg.corpus.keep == "all" or c["revision"] != c["initial"])]
     if not kept:
-        raise ValueError(f"stage {cfg.name!r}: the SL-CAI corpus is empty ({figures})")
+        raise ConfigError(f"stage {cfg.name!r}: the SL-CAI corpus is empty ({figures})")
     figures["corpus/records"] = float(len(kept))
     write_jsonl_atomic(out_dir / "corpus.jsonl", corpus)
     write_json_atomic(out_dir / "corpus.json", figures)
@@ -203,7 +204,7 @@ def label_pairs(cfg: AILabelsConfig, model: Any, tokenizer: Any, out_dir: Path, 
     held = [p for p in pairs if _held_out(p["prompt"], cfg.eval_fraction)]
     train = [p for p in pairs if not _held_out(p["prompt"], cfg.eval_fraction)]
     if not train:
-        raise ValueError(f"stage {cfg.name!r}: no decided pairs to train on ({figures})")
+        raise ConfigError(f"stage {cfg.name!r}: no decided pairs to train on ({figures})")
     write_jsonl_atomic(out_dir / "labels.jsonl", rows)
     write_jsonl_atomic(out_dir / "pairs.jsonl", train)
     write_jsonl_atomic(out_dir / "eval.jsonl", held or train[:1])  # an rm stage needs a non-empty eval file

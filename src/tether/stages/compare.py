@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tether.config.base import ConfigError
 from tether.config.compare import CompareConfig
 from tether.report import comparison_png, read_jsonl, stage_metrics
 from tether.trainers.checkpoint import mark_done
@@ -17,11 +18,11 @@ def run_compare(cfg: CompareConfig, run_dir: Path, resume: bool) -> dict[str, An
     metrics = stage_metrics(read_jsonl(run_dir / "metrics.jsonl")[0])
     missing = [s for s in cfg.stages if s not in metrics]
     if missing:
-        raise ValueError(f"compare stage {name!r}: no metrics logged by stage(s) {missing} in this run "
+        raise ConfigError(f"compare stage {name!r}: no metrics logged by stage(s) {missing} in this run "
                          f"(logged: {sorted(metrics) or 'none'})")
     png = comparison_png([run_dir], cfg.stages, cfg.metrics, cfg.title or name)
     if png is None:
-        raise ValueError(f"compare stage {name!r}: none of the stages logged any of {cfg.metrics}")
+        raise ConfigError(f"compare stage {name!r}: none of the stages logged any of {cfg.metrics}")
     (run_dir / cfg.file).write_bytes(png)
     results = {f"{stage}/{key}": series[max(series)] for stage in cfg.stages
                for key, series in metrics[stage].items() if key in cfg.metrics and series}

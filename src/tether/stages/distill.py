@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from tether.best_of_n import run_best_of_n
+from tether.config.base import ConfigError
 from tether.config.data import DataConfig
 from tether.config.distill import (
     BestOfNConfig,
@@ -129,7 +130,7 @@ def label_steps(cfg: StepLabelsConfig | dict, out_dir: str | Path) -> dict[str, 
     records, stats = step_label_records(read_corpus(cfg.corpus), references, separator=cfg.separator,
                                         dedupe=cfg.dedupe, cut_fraction=cfg.cut_fraction, seed=cfg.seed)
     if not records:
-        raise ValueError(f"no stepwise records from {cfg.corpus}: {stats}")
+        raise ConfigError(f"no stepwise records from {cfg.corpus}: {stats}")
     write_jsonl_atomic(Path(out_dir) / "stepwise.jsonl", records)
     log.info("labelled %d traces: %d correct, %d wrong, %d stopped early -> %s", stats["records"], stats["correct"],
              stats["wrong"], stats["stopped"], Path(out_dir) / "stepwise.jsonl")
@@ -192,7 +193,7 @@ def _distill_round(cfg: SelfDistillConfig, run_dir: Path, round_: int, teacher: 
                      sampling_seed_offset=1000 * round_, verifier=cfg.filter.verifier)
     kept, summary = filter_corpus(read_corpus(round_dir / "samples.jsonl"), cfg.filter, defaults=cfg.reward_defaults())
     if not kept:
-        raise ValueError(f"{cfg.name} round {round_}: the filter kept none of {summary['records']} samples "
+        raise ConfigError(f"{cfg.name} round {round_}: the filter kept none of {summary['records']} samples "
                          f"({summary}); sample more (sampling.n) or loosen the filter")
     write_records(round_dir / "filtered.jsonl", sft_records(kept, chat=cfg.prompts.chat))
     start = cfg.model.name_or_path if cfg.restart == "base" else teacher
@@ -214,7 +215,7 @@ def self_distill(config: SelfDistillConfig | dict, *, out: str | Path, resume: b
     logger = MetricsLogger(run_dir, cfg.name, report_to=[])
     teacher, results = cfg.model.name_or_path, {}
     if cfg.model.config_overrides:
-        raise ValueError("self_distill starts from a trained model; config_overrides do not apply")
+        raise ConfigError("self_distill starts from a trained model; config_overrides do not apply")
     for round_ in range(1, cfg.iterations + 1):
         figures = _distill_round(cfg, run_dir, round_, teacher, resume)
         logger.log(round_, {k: v for k, v in figures.items() if isinstance(v, int | float)})

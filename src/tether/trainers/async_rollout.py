@@ -42,6 +42,8 @@ from typing import Any, Protocol
 
 import torch
 
+from tether.config.base import ConfigError
+
 _POLL_S = 1.0  # how often a waiting producer checks that the learner is alive
 
 
@@ -250,7 +252,7 @@ class AsyncSteps:
         cfg = self.config
         if self.async_rollouts is None:
             if self.dist.world_size > 1:
-                raise ValueError("async runs in one process for now; drop async or torchrun")
+                raise ConfigError("async runs in one process for now; drop async or torchrun")
             self.async_rollouts = AsyncRollouts(
                 self.policy, self.tokenizer, sampler=self.async_sampler(),
                 max_staleness=cfg.async_rollout.max_staleness, threads=cfg.async_rollout.threads,

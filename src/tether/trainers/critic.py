@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.rl import CriticConfig
 from tether.core.policy_losses import value_loss_clipped
 from tether.models.value_model import completion_values
@@ -49,7 +50,7 @@ def check_warmup_ranks(critic: CriticConfig | None, world_size: int) -> None:
     """Refuse a critic warm-up on several ranks: its backward leaves the actor without gradients, which the
     DDP wrapper's reducer does not accept (measured: it fails with "gradient which is undefined")."""
     if critic is not None and critic.warmup_steps > 0 and world_size > 1:
-        raise ValueError("critic.warmup_steps runs in one process only for now (under torchrun the actor's missing "
+        raise ConfigError("critic.warmup_steps runs in one process only for now (under torchrun the actor's missing "
                          "gradients stop DDP's reducer); set it to 0 for a multi-rank run")
 
 

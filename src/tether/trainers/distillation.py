@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.rl import DistillConfig, TeacherConfig
 from tether.core.aggregation import agg_loss
 from tether.core.distillation import DISTILLATION_DIVERGENCES, top_k_restricted
@@ -43,7 +44,7 @@ from tether.rollout.openai_engine import OpenAIEngine
 def check_same_vocabulary(student_tokenizer: Any, teacher_tokenizer: Any, name: str) -> None:
     """A teacher's log-probs are read at the student's token ids: its tokenizer must map text to the same ids."""
     if student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
-        raise ValueError(f"teacher {name!r} does not share the student's tokenizer (vocabularies of "
+        raise ConfigError(f"teacher {name!r} does not share the student's tokenizer (vocabularies of "
                          f"{len(student_tokenizer)} and {len(teacher_tokenizer)} tokens differ): on-policy "
                          "distillation scores the student's token ids under the teacher")
 
@@ -110,7 +111,7 @@ class ServedTeacher:
         return torch.tensor([r + [0.0] * (width - len(r)) for r in rows])
 
     def log_distributions(self, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
-        raise ValueError("a served teacher returns sampled tokens' log-probs only: use distill.divergence: "
+        raise ConfigError("a served teacher returns sampled tokens' log-probs only: use distill.divergence: "
                          "reverse_kl")
 
 
@@ -151,7 +152,7 @@ class Distillation:
         try:
             return [tokenize_prompt(template.format(**record), self.tokenizer) for record in records]
         except KeyError as err:
-            raise ValueError(f"distill.teacher.privileged_prompt names {err} but the records have the fields "
+            raise ConfigError(f"distill.teacher.privileged_prompt names {err} but the records have the fields "
                              f"{sorted(records[0]) if records else []}") from None
 
     def advantages(self, teacher_prompts: list[list[int]], completions: list[list[int]],

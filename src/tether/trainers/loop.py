@@ -39,6 +39,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from tether.config.base import ConfigError
 from tether.config.common import OptimConfig, StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
@@ -128,7 +129,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *,
         groups += [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay, "lr": lr},
                    {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr}]
     if not any(g["params"] for g in groups):
-        raise ValueError("the model has no trainable parameters")
+        raise ConfigError("the model has no trainable parameters")
     fused = cfg.fused and all(_fusable(p) for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **{"fused" if fused else "foreach": True})
 

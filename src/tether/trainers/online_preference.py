@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.preference import OnlineDPOConfig
 from tether.core.pairing import make_pairs, rso_scores, win_probabilities
 from tether.core.rollout_correction import mismatch_metrics
@@ -86,7 +87,7 @@ class OnlinePreferenceTrainer(Trainer):
         self.beta = cfg.implicit_beta
         self.ref_model = self._reference_model()
         if "sequential_kl" in cfg.loss_needs and self.ref_model is None and cfg.reference == "initial":
-            raise ValueError(f"loss {cfg.loss!r} needs the reference's full distributions; under LoRA use a full "
+            raise ConfigError(f"loss {cfg.loss!r} needs the reference's full distributions; under LoRA use a full "
                              "fine-tune or reference: round")
         self.round = -1
         self.pairs: list = []

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from tether.config.base import ConfigError
 from tether.models.loading import no_progress_bars
 from tether.trainers.distributed import DistInfo, barrier
 
@@ -85,7 +86,7 @@ def layer_classes(model: torch.nn.Module) -> set[str]:
 def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
     """DDP-wrap or FSDP2-shard ``model`` for the current process group; unchanged in one process."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown train.strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+        raise ConfigError(f"unknown train.strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if not _distributed():
         return model
     device = next(model.parameters()).device
@@ -98,9 +99,9 @@ def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
     from transformers import PreTrainedModel
 
     if hasattr(model, "peft_config"):
-        raise ValueError("train.strategy fsdp2 does not support LoRA models; use strategy ddp")
+        raise ConfigError("train.strategy fsdp2 does not support LoRA models; use strategy ddp")
     if not isinstance(model, PreTrainedModel):  # its final export needs save_pretrained with a gathered state
-        raise ValueError(f"train.strategy fsdp2 shards Hugging Face models, not a {type(model).__name__} "
+        raise ConfigError(f"train.strategy fsdp2 shards Hugging Face models, not a {type(model).__name__} "
                          "(PPO's actor-critic); use strategy ddp")
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.preference import DPOConfig
 from tether.core.logprobs import sequence_logprobs
 from tether.core.preference import UNPAIRED_LOSSES, PreferenceInputs
@@ -163,7 +164,7 @@ class PreferenceTrainer(Trainer):
         """KTO's mismatched pairs: in each fixed micro-batch, completion j with the prompt of example j+1."""
         cfg = self.config
         if cfg.train.batch_size < 2:
-            raise ValueError("kto needs train.batch_size >= 2 for its mismatched KL pairs")
+            raise ConfigError("kto needs train.batch_size >= 2 for its mismatched KL pairs")
         out = {}
         for group in self.schedule.fixed_batches():
             for j, i in enumerate(group):

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.rl import RLConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutputs
 from tether.core.aggregation import agg_loss, num_seqs, num_tokens
@@ -101,7 +102,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
         if not (reward_functions or cfg.rewards or cfg.distill):
-            raise ValueError(f"stage {self.stage!r} needs a reward: config.rewards (e.g. {{name: reward_model, "
+            raise ConfigError(f"stage {self.stage!r} needs a reward: config.rewards (e.g. {{name: reward_model, "
                              "kwargs: {path: ...}}) or reward_functions")
         self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
         self.engine = build_engine(cfg.rollout.engine, self.policy, tokenizer, batch_size=cfg.rollout.engine_batch_size,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from tether.config.base import ConfigError
 from tether.config.rl import RolloutCorrectionConfig
 from tether.core.rollout_correction import ROLLOUT_CORRECTIONS, mismatch_metrics
 
@@ -21,7 +22,7 @@ def sampler_as_old(sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.
     """The sampler's log-probs as the old policy (``old_logprobs: sampler``); a clear error when the engine
     returned none for a trained token (an OpenAI-compatible server without log-probs)."""
     if bool(torch.isnan(sampler_logprobs[mask != 0]).any()):
-        raise ValueError("old_logprobs: sampler needs the engine's log-probs, and this engine returned none for "
+        raise ConfigError("old_logprobs: sampler needs the engine's log-probs, and this engine returned none for "
                          "some tokens; use old_logprobs: recompute")
     return torch.where(mask != 0, sampler_logprobs, 0.0)  # no NaN off the mask: a NaN there poisons gradients
 
