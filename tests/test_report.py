@@ -258,3 +258,20 @@ def test_a_tiny_grpo_run_reports_the_reward_histogram_of_its_first_and_last_step
     png = (tmp_path / "plots" / "grpo-reward-histogram.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and png in embedded_pngs(html)
     assert "grpo: rewards of the first and last training steps" in html
+
+
+def test_many_lines_get_distinct_colours_and_one_legend_beside_the_panels(monkeypatch):
+    import tether.report.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_png", lambda fig: figures.append(fig) or b"")
+    panels = {metric: {f"stage{i}": {0: 0.1 * i, 100: 0.05 * i} for i in range(13)} for metric in ("a", "b")}
+    plots.small_multiples("13 stages", panels)
+    fig = figures[0]
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [f"stage{i}" for i in range(13)]
+    for ax in fig.axes[:2]:  # one colour per stage, the same in every panel
+        assert len({line.get_color() for line in ax.get_lines()}) == 13
+    assert [line.get_color() for line in fig.axes[0].get_lines()] == [line.get_color() for line in fig.axes[1].get_lines()]
+    plots.small_multiples("3 stages", {"a": {f"s{i}": {0: 1.0, 1: 2.0} for i in range(3)}})
+    assert not figures[1].legends and figures[1].axes[0].get_legend() is not None

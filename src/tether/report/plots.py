@@ -64,39 +64,54 @@ def _png(fig: Any) -> bytes:
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()
 
-def _draw_series(ax: Any, name: str, lines: dict[str, Series], colours: dict[str, str] | None = None) -> None:
+def _draw_series(ax: Any, name: str, lines: dict[str, Series], colours: dict[str, str] | None = None, *,
+                 legend: bool = True) -> None:
     """One panel: a line per run (per seed in a report over seeds, labelled), value against step. With
-    ``colours`` (label -> colour, the same in every panel of a figure) every panel names its lines."""
+    ``colours`` (label -> colour, the same in every panel of a figure) every panel names its lines, unless
+    ``legend`` is off (the figure has one legend for all panels)."""
     for label, series in lines.items():
         steps = sorted(series)
         ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3,
                 label=label or None, alpha=0.85 if len(lines) > 1 else 1.0,
                 color=colours.get(label) if colours else None)
-    if len(lines) > 1 or (colours and len(colours) > 1 and any(lines)):
+    if legend and (len(lines) > 1 or (colours and len(colours) > 1 and any(lines))):
         ax.legend(fontsize=6)
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
 
+MANY_LINES = 6  # more lines than this: one legend beside the panels instead of one in each
+
+
 def small_multiples(title: str, panels: dict[str, dict[str, Series]]) -> bytes:
-    """One panel per metric against step (each holding one line per run), four panels a row."""
+    """One panel per metric against step (each holding one line per run), four panels a row; one colour per
+    line in every panel (from a 20-colour palette past 10 lines), and past ``MANY_LINES`` lines one legend
+    to the right of the panels."""
+    from matplotlib import colormaps, rcParams
+    from matplotlib.lines import Line2D
+
+    labels = list(dict.fromkeys(label for lines in panels.values() for label in lines))
+    cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
+    if len(labels) > len(cycle):
+        cycle = list(colormaps["tab20"].colors)
+    colours = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}  # one colour per line, every panel
+    shared = len(labels) > MANY_LINES
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
-    height = 2.4 * rows + 0.5
-    fig = _new_figure(3.2 * cols, height)
-    fig.subplots_adjust(left=0.8 / (3.2 * cols), right=0.98, bottom=0.55 / height, top=1 - 0.75 / height,
-                        wspace=0.4, hspace=0.6)
+    height, legend_width = 2.4 * rows + 0.5, 1.5 if shared else 0.0
+    width = 3.2 * cols + legend_width
+    fig = _new_figure(width, height)
+    fig.subplots_adjust(left=0.8 / width, right=1 - (0.02 * 3.2 * cols + legend_width) / width,
+                        bottom=0.55 / height, top=1 - 0.75 / height, wspace=0.4, hspace=0.6)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    from matplotlib import rcParams
-
-    cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
-    labels = list(dict.fromkeys(label for lines in panels.values() for label in lines))
-    colours = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}  # one colour per line, every panel
     for ax, (name, lines) in zip(axes, panels.items(), strict=False):
-        _draw_series(ax, name, lines, colours)
+        _draw_series(ax, name, lines, colours, legend=not shared)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    if shared:
+        handles = [Line2D([], [], color=colours[label], lw=1.5, marker="o", ms=3) for label in labels]
+        fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
     fig.suptitle(title)
     return _png(fig)
 
