@@ -30,7 +30,6 @@ same requests and gets the same batches. Logged: ``async/staleness_mean``, ``asy
 
 from __future__ import annotations
 
-import copy
 import io
 import os
 import queue
@@ -57,7 +56,8 @@ def _to_bytes(value: Any) -> bytes:
 
 
 def _from_bytes(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
+    """What :func:`_to_bytes` wrote, on the CPU (a policy trained on an accelerator samples there too)."""
+    return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
 class Sampler(Protocol):
@@ -142,7 +142,7 @@ class AsyncRollouts:
         context = torch.multiprocessing.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         self.process = context.Process(target=_producer_main, daemon=True, args=(
-            _to_bytes(copy.deepcopy(policy).to("cpu").eval()), tokenizer, sampler, threads, self.requests,
+            _to_bytes(policy), tokenizer, sampler, threads, self.requests,
             self.results, os.getpid()))
         self.pending: dict[int, list[int]] = {}  # step -> its prompt indices, requested, not yet taken
         self.versions: dict[int, dict[str, torch.Tensor]] = {}  # version -> weights, the last K + 1 kept
