@@ -245,7 +245,8 @@ def evaluate_agent(model: torch.nn.Module, tokenizer: Any, env: EnvironmentConfi
                    eval_cfg: AgentEvalConfig | None = None, *, progress: bool = True,
                    label: str = "eval") -> dict[str, float]:
     """Greedy episodes on held-out tasks: ``success`` rate, mean verifier ``score`` and the loop metrics
-    (and the same for sampled episodes, prefixed ``sampled/``, when ``eval_cfg.samples`` > 0). With
+    (and the same for sampled episodes, prefixed ``sampled/``, when ``eval_cfg.samples`` = k > 0, with
+    ``pass@k``: the share of tasks that at least one of their k sampled episodes solves). With
     ``progress``, a line ``label: done/total episodes ...`` every 30 s."""
     eval_cfg = eval_cfg or AgentEvalConfig()
     make_env, renderer = environment_renderer(env, tokenizer)
@@ -255,11 +256,14 @@ def evaluate_agent(model: torch.nn.Module, tokenizer: Any, env: EnvironmentConfi
     lines = ProgressLines(label, len(records) * (1 + eval_cfg.samples), "episodes", enabled=progress,
                           console=get_console())
     greedy = agent.run(records, SamplingParams(n=1, greedy=True), on_progress=lines.update)
-    results = with_intervals(trajectory_metrics(greedy, loop.success_threshold),
-                             {"success": [float(t.outcome >= loop.success_threshold) for t in greedy]})
+    figures = trajectory_metrics(greedy, loop.success_threshold)
+    outcomes = {"success": [float(t.outcome >= loop.success_threshold) for t in greedy]}
     if eval_cfg.samples:
-        sampled = agent.run(records, SamplingParams(n=eval_cfg.samples, temperature=eval_cfg.temperature,
-                                                    seed=eval_cfg.seed),
+        k = eval_cfg.samples
+        sampled = agent.run(records, SamplingParams(n=k, temperature=eval_cfg.temperature, seed=eval_cfg.seed),
                             on_progress=lambda done: lines.update(len(records) + done))
-        results.update({f"sampled/{k}": v for k, v in trajectory_metrics(sampled, loop.success_threshold).items()})
-    return results
+        figures.update({f"sampled/{name}": v for name, v in trajectory_metrics(sampled, loop.success_threshold).items()})
+        wins = [sum(t.outcome >= loop.success_threshold for t in sampled[i * k:(i + 1) * k]) for i in range(len(records))]
+        outcomes[f"pass@{k}"] = [pass_at_k(k, c, k) for c in wins]  # a task's k episodes are contiguous
+        figures[f"pass@{k}"] = sum(outcomes[f"pass@{k}"]) / len(wins)
+    return with_intervals(figures, outcomes)

@@ -242,3 +242,31 @@ def test_agent_ppo_config_errors_are_clear():
         AgentConfig(advantage="gae")
     with pytest.raises(ValueError, match="gigpo"):
         AgentConfig(algorithm="ppo", gigpo={})
+
+
+def test_agent_pass_at_k_counts_tasks_solved_by_any_of_their_k_sampled_episodes(monkeypatch):
+    import tether.evaluation as evaluation
+    from tether.config.agent import AgentEvalConfig, AgentLoopConfig, EnvironmentConfig
+    from tether.rollout.agent import Trajectory, Turn
+
+    # 3 tasks x 4 sampled episodes: task 0 solved twice, task 1 never, task 2 once -> pass@4 = 2/3
+    sampled_outcomes = [1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+
+    class ScriptedLoop:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, tasks, params, on_progress=None):
+            outcomes = [0.0] * len(tasks) if params.greedy else sampled_outcomes
+            return [Trajectory(task=tasks[i // params.n], group=i // params.n, prompt_ids=[1], token_ids=[2],
+                               logprobs=[0.0], action_mask=[1], turns=[Turn("finish[0]", kind="final")],
+                               turn_spans=[(0, 1)], state_keys=[""], finish_reason="answer", answer="0",
+                               outcome=float(o)) for i, o in enumerate(outcomes)]
+
+    monkeypatch.setattr(evaluation, "AgentLoop", ScriptedLoop)
+    model, tokenizer = build_tiny("tiny", seed=0)
+    figures = evaluation.evaluate_agent(model, tokenizer, EnvironmentConfig(**ENV), AgentLoopConfig(),
+                                        AgentEvalConfig(n=3, samples=4), progress=False)
+    assert figures["pass@4"] == pytest.approx(2 / 3) and figures["sampled/success"] == pytest.approx(3 / 12)
+    assert figures["success"] == 0.0 and figures.outcomes["pass@4"] == [1.0, 0.0, 1.0]
+    assert figures["pass@4_ci95_low"] < 2 / 3 < figures["pass@4_ci95_high"]

@@ -53,12 +53,12 @@ class GiGPOConfig(StrictModel):
 
 
 class AgentEvalConfig(StrictModel):
-    """Held-out episodes of the environment's task, greedy; ``samples`` > 0 adds that many sampled episodes
-    per task (``sampled/success`` etc.); ``before`` also evaluates before training."""
+    """Held-out episodes of the environment's task, greedy; ``samples`` = k > 0 adds k sampled episodes per
+    task (``sampled/success`` etc., and ``pass@k``); ``before`` also evaluates before training."""
 
     n: int = Field(200, ge=1, description="held-out tasks")
     seed: int = Field(0, description="which held-out tasks (and samples)")
-    samples: int = Field(0, ge=0, description="sampled episodes per task beside the greedy one")
+    samples: int = Field(0, ge=0, description="sampled episodes per task beside the greedy one (k of pass@k)")
     temperature: float = Field(1.0, ge=0, description="sampled episodes' temperature (0: greedy)")
     before: bool = Field(False, description="also evaluate the starting model (figures prefixed before/)")
     batch_size: int | None = Field(None, ge=1, description="episodes decoded together; None: all")
