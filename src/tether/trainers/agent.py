@@ -82,7 +82,7 @@ class AgentRLTrainer(RLTrainer):
             indices, trajectories, figures = self.async_take()
         else:
             indices = self.next_prompts(self.config.train.batch_size)
-            trajectories = self.loop.run(self.async_request(indices), self.sampling_params(0))
+            trajectories = self.loop.run(self.sampling_request(indices), self.sampling_params(0))
         rollout = AgentRollout.from_trajectories(trajectories, trajectory_texts(trajectories, self.tokenizer))
         rewards, metrics = self.score(indices, rollout)
         metrics.update({f"agent/{k}": v for k, v in
@@ -91,9 +91,9 @@ class AgentRLTrainer(RLTrainer):
         return RLBatch(indices, rollout, rewards, metrics)
 
     def async_sampler(self) -> EpisodeSampler:
-        return EpisodeSampler(self.config.environment, self.config.agent, super().async_sampler())
+        return EpisodeSampler(self.config.environment, self.config.agent, EngineSampler.of(self.config))
 
-    def async_request(self, indices: list[int]) -> list[dict]:
+    def sampling_request(self, indices: list[int]) -> list[dict]:
         """The episodes' tasks (the sampler's payload)."""
         return [self.records[i] for i in indices]
 

@@ -77,6 +77,14 @@ class EngineSampler:
     options: dict[str, Any] = field(default_factory=dict)
     worker_model: dict[str, Any] | None = None
 
+    @classmethod
+    def of(cls, config: Any) -> EngineSampler:
+        """The engine an RL stage's ``config`` names (``rollout.engine`` and its settings; Ray workers load
+        ``model``)."""
+        r = config.rollout
+        return cls(r.engine, r.engine_batch_size, r.workers, dict(r.engine_options),
+                   config.model.model_dump(exclude={"lora", "device"}))
+
     def build_engine(self, model: torch.nn.Module, tokenizer: Any) -> Any:
         """The engine, sampling from ``model`` (the producer's copy of the weights)."""
         from tether.rollout.engines import build_engine
@@ -230,7 +238,7 @@ class AsyncRollouts:
 class AsyncSteps:
     """The RL trainers' asynchronous collection (mixed into :class:`~tether.trainers.rl.RLTrainer`, which owns
     ``config``, ``policy``, ``next_prompts``, ``sampling_params`` and ``score``). A trainer whose samples are
-    not one ``generate`` call overrides :meth:`async_sampler` and :meth:`async_request`."""
+    not one ``generate`` call overrides :meth:`async_sampler` and :meth:`sampling_request`."""
 
     async_rollouts: AsyncRollouts | None = None
     async_restored: dict[str, Any] | None = None
@@ -238,11 +246,9 @@ class AsyncSteps:
 
     def async_sampler(self) -> Sampler:
         """What the producer runs: the stage's engine, built there on the producer's copy of the weights."""
-        r = self.config.rollout
-        return EngineSampler(r.engine, r.engine_batch_size, r.workers, dict(r.engine_options),
-                             self.config.model.model_dump(exclude={"lora", "device"}))
+        return EngineSampler.of(self.config)
 
-    def async_request(self, indices: list[int]) -> Any:
+    def sampling_request(self, indices: list[int]) -> Any:
         """The sampler's payload for these prompts: their token ids."""
         return [self.prompt_ids[i] for i in indices]
 
@@ -257,7 +263,7 @@ class AsyncSteps:
                 self.policy, self.tokenizer, sampler=self.async_sampler(),
                 max_staleness=cfg.async_rollout.max_staleness, threads=cfg.async_rollout.threads,
                 max_steps=cfg.train.max_steps, draw=lambda step: self.next_prompts(cfg.train.batch_size),
-                request_of=lambda step, indices: (self.async_request(indices), self.sampling_params(0, step=step)))
+                request_of=lambda step, indices: (self.sampling_request(indices), self.sampling_params(0, step=step)))
             self.async_rollouts.start(self.step, self.async_restored)
         indices, sampled, figures = self.async_rollouts.take(self.step)
         now = time.perf_counter()

@@ -45,9 +45,8 @@ from tether.models.logprobs import completion_logprobs
 from tether.models.value_model import build_actor_critic
 from tether.rewards import RunningMoments, overlong_penalty, shape_scores
 from tether.rollout import Rollout, SamplingParams
-from tether.rollout.engines import build_engine
 from tether.scoring import reward_composer
-from tether.trainers.async_rollout import AsyncSteps
+from tether.trainers.async_rollout import AsyncSteps, EngineSampler
 from tether.trainers.critic import CriticSteps, check_warmup_ranks, in_critic_warmup, warmup_metrics
 from tether.trainers.distillation import Distillation, DistillationSteps
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
@@ -105,9 +104,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
             raise ConfigError(f"stage {self.stage!r} needs a reward: config.rewards (e.g. {{name: reward_model, "
                              "kwargs: {path: ...}}) or reward_functions")
         self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
-        self.engine = build_engine(cfg.rollout.engine, self.policy, tokenizer, batch_size=cfg.rollout.engine_batch_size,
-                                   workers=cfg.rollout.workers, options=cfg.rollout.engine_options,
-                                   worker_model=cfg.model.model_dump(exclude={"lora", "device"}))
+        self.engine = EngineSampler.of(cfg).build_engine(self.policy, tokenizer)
         defaults = cfg.reward_defaults()
         self.rewards = reward_composer(reward_functions if reward_functions is not None else cfg.rewards,
                                        on_error=cfg.reward_on_error, defaults=defaults, workers=cfg.reward_workers,
