@@ -22,6 +22,7 @@ EFFECTS = [
     ("online-dpo-arithmetic", "online_dpo", "gain/accuracy", "at least", 0.10, 0.0),  # +16.8 +- 5.7, [+2.6, +31.1]
     ("rest-arithmetic", "rest", "accuracy", "at least", 0.60, 0.35),  # 72.7 +- 11.4% (after SFT 41.7%)
     ("agent-arithmetic", "grpo", "success", "at least", 0.65, 0.5),  # 73.0 +- 2.6% (after SFT 0%)
+    ("code-tests", "grpo-pass8", "pass@8", "at least", 0.45, 0.0),  # 67.5 +- 21.0% (after SFT 53.3 +- 18.9%)
     ("d-rlaif", "grpo", "violation_rate", "at most", 0.10, 0.5),  # 4.9 +- 3.5% (after SFT 78.1%)
     ("cai", "rlaif", "violation_rate", "at most", 0.10, 0.5),  # 4.2 +- 4.5% (after SFT 78.1%)
 ]
