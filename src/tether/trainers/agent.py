@@ -73,8 +73,7 @@ class AgentRLTrainer(RLTrainer):
         records = records if records is not None else environment_records(config.environment, split="train")
         super().__init__(config, model, tokenizer, run_dir, records=records, reward_functions=reward_functions,
                          stage=stage)
-        make_env, self.renderer = environment_renderer(config.environment, tokenizer)
-        self.loop = AgentLoop(self.engine, tokenizer, make_env, self.renderer, config.agent)
+        self.loop = self.async_sampler().loop(self.engine, tokenizer)
 
     def collect(self) -> RLBatch:
         figures: dict[str, float] = {}
@@ -133,9 +132,13 @@ class EpisodeSampler:
     agent: AgentLoopConfig
     engine: EngineSampler
 
-    def build(self, model: torch.nn.Module, tokenizer: Any) -> Callable[[list[dict], Any], list[Trajectory]]:
+    def loop(self, engine: Any, tokenizer: Any) -> AgentLoop:
+        """The multi-turn loop on ``engine``, with fresh environments of the stage's (the trainer's own loop too)."""
         make_env, renderer = environment_renderer(self.environment, tokenizer)
-        return AgentLoop(self.engine.build_engine(model, tokenizer), tokenizer, make_env, renderer, self.agent).run
+        return AgentLoop(engine, tokenizer, make_env, renderer, self.agent)
+
+    def build(self, model: torch.nn.Module, tokenizer: Any) -> Callable[[list[dict], Any], list[Trajectory]]:
+        return self.loop(self.engine.build_engine(model, tokenizer), tokenizer).run
 
 
 def gigpo_token_advantages(trajectories: list[Trajectory], rewards: torch.Tensor, group_size: int, width: int,

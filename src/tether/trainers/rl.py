@@ -240,8 +240,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
         for round_index in range(cfg.dynamic_sampling.max_rounds if dynamic else 1):
             indices = self.next_prompts(want - len(kept_idx))
             with full_parameters(self.model):  # FSDP2 (re-entrant): whole weights while decoding
-                rollout = self.engine.generate([self.prompt_ids[i] for i in indices],
-                                               self.sampling_params(round_index))
+                rollout = self.engine.generate(self.sampling_request(indices), self.sampling_params(round_index))
             rewards, reward_metrics = self.score(indices, rollout)
             if round_index == 0:
                 metrics.update(reward_metrics)
