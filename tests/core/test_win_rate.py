@@ -14,6 +14,7 @@ from tether.core.win_rate import (
     position_consistency,
     self_preference_bias,
     swapped_outcome,
+    verdict_accuracy,
     verifier_outcome,
     win_rate,
     win_rate_interval,
@@ -125,3 +126,20 @@ def test_self_preference_bias_by_hand():
     assert self_preference_bias(judge_b, verifier_b) == pytest.approx(0.1)
     assert math.isclose(self_preference_bias(0.5, 0.5), 0.0)
     assert self_preference_bias(0.25, 0.75) == pytest.approx(-0.5)  # it judges itself harshly
+
+
+def test_verdict_accuracy_by_hand():
+    # right answer is model A: pair 1 right both orders, 2 wrong both orders, 3 position-following, 4 both tie,
+    # 5 unparseable
+    counts = count_swapped_verdicts(["A", "B", "A", "tie", None], ["B", "A", "A", "tie", "B"])
+    figures = verdict_accuracy(counts)
+    assert figures["verdict_accuracy"] == pytest.approx(1 / 5)
+    assert figures["decisive_rate"] == pytest.approx(2 / 5)
+    assert figures["decisive_accuracy"] == pytest.approx(1 / 2)
+    assert figures["position_consistency"] == pytest.approx(3 / 4)
+    # single verdicts picking a position: A, B, A (forward) and B, A, A, B (backward): 4 of 7 pick the first shown
+    assert figures["first_position_rate"] == pytest.approx(4 / 7)
+    none_decisive = verdict_accuracy(count_swapped_verdicts(["tie"], ["tie"]))
+    assert none_decisive == {"verdict_accuracy": 0.0, "decisive_rate": 0.0, "position_consistency": 1.0}
+    with pytest.raises(ValueError):
+        verdict_accuracy(count_swapped_verdicts([], []))

@@ -182,6 +182,37 @@ def test_judge_records_have_known_balanced_verdicts():
     assert len(pointwise) == 30 and {r["completion"] for r in pointwise} == {"0", "1"}
     assert all(r["prompt"].endswith("Score:") for r in pointwise)
     solving = judge_records(task, 4, kind="pairwise", template="compact-pairwise", solve_first=True)
-    assert all(task.verify(r["completion"].split(" [[")[0], str(eval(r["prompt"].split("\n")[1][:-1]))) == 1.0
-               for r in solving)
+    assert all(task.verify(r["completion"].split(" A ")[0].split(" ", 2)[2],
+                           str(eval(r["prompt"].split("\n")[1][:-1]))) == 1.0 for r in solving)
     assert [parse_verdict(r["completion"]) for r in solving] == ["A", "B", "A", "B"]
+
+
+def test_solve_first_replies_mark_each_answer_before_the_verdict():
+    task = get_task("arithmetic", digits=2)
+    for record in judge_records(task, 40, kind="pairwise", template="compact-pairwise", solve_first=True, ties=0.5):
+        question = record["prompt"].split("\n")[1]
+        truth = str(eval(question[:-1]))
+        shown = {side: re.search(rf"\n{side}:.*</think>(\d+)", record["prompt"])[1] for side in "AB"}
+        assert record["completion"].startswith(f"A:{shown['A']} B:{shown['B']} <think>")
+        own, marks = record["completion"].split("</think>")[1].split(" ", 1)
+        assert own == truth
+        assert marks.startswith(f"A {'right' if shown['A'] == truth else 'wrong'} "
+                                f"B {'right' if shown['B'] == truth else 'wrong'} [[")
+        decisive = (shown["A"] == truth) != (shown["B"] == truth)
+        expected = ("A" if shown["A"] == truth else "B") if decisive else "tie"
+        assert parse_verdict(record["completion"]) == expected
+    verdicts = [parse_verdict(r["completion"]) for r in
+                judge_records(task, 400, kind="pairwise", template="compact-pairwise", solve_first=True, ties=0.25)]
+    assert 0.15 < verdicts.count("tie") / 400 < 0.35 and abs(verdicts.count("A") - verdicts.count("B")) < 40
+    scored = judge_records(task, 20, kind="pointwise", template="compact-pointwise", solve_first=True)
+
+    def truth_of(record):
+        return str(eval(record["prompt"].split("\n")[1].split("=")[0]))
+
+    for record in scored:
+        seen = record["prompt"].rsplit("</think>", 1)[1].split("\n")[0]
+        mark = "right" if record["completion"].endswith("Score: 1") else "wrong"
+        assert record["completion"].startswith(f"Answer:{seen} <think>")
+        assert record["completion"].endswith(f"</think>{truth_of(record)} {mark} Score: {int(mark == 'right')}")
+    with pytest.raises(ValueError, match="ties"):
+        judge_records(task, 4, kind="pairwise", template="compact-pairwise", solve_first=True, ties=1.0)

@@ -39,6 +39,8 @@ _EXPORTS = {
     "GoldDataConfig": "tether.config.rlhf",
     "JudgeConfig": "tether.config.rewards",
     "JudgeDataConfig": "tether.config.preference",
+    "JudgeEvalConfig": "tether.config.preference",
+    "PolicyPairsConfig": "tether.config.preference",
     "KLConfig": "tether.config.rl",
     "LoopConfig": "tether.config.common",
     "LoraConfig": "tether.config.common",

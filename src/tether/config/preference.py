@@ -1,5 +1,5 @@
 """Preference stage configs: reward models, offline DPO-family / KTO, online DPO (OAIF, self-rewarding),
-SPIN, and the synthetic judge data stage."""
+SPIN, the synthetic judge data stage and the judge evaluation stage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from tether.config.base import StrictModel
 from tether.config.common import StageConfig, TaskSource
 from tether.config.data import PairDataConfig, PreferenceDataConfig, PreferenceTaskSource, PromptDataConfig
-from tether.config.rewards import PairConfig, RewardSpec, ScorerConfig
+from tether.config.rewards import JudgeConfig, PairConfig, RewardSpec, ScorerConfig
 from tether.config.sampling import SamplingConfig
 from tether.core.preference_losses import (
     PREFERENCE_LOSSES,
@@ -312,4 +312,36 @@ class JudgeDataConfig(StageConfig):
     template: str = Field("compact-pairwise", description="the judge template (built-in name or file)")
     scale: tuple[float, float] = Field((0.0, 1.0), description="pointwise: the scores of wrong and right")
     sft_n: int = Field(0, ge=0, description="task demonstrations mixed in")
-    solve_first: bool = Field(False, description="the judge works the problem out before its verdict")
+    solve_first: bool = Field(False, description="the judge works the problem out, marks each response's answer "
+                                                 "right or wrong, then gives its verdict")
+    ties: float = Field(0.0, ge=0, lt=1, description="pairwise with solve_first: share of records whose verdict is "
+                                                     "a tie (both responses right, or both wrong)")
+
+    @model_validator(mode="after")
+    def _ties_need_reasoning(self) -> JudgeDataConfig:
+        if self.ties and not (self.solve_first and self.kind == "pairwise"):
+            raise ValueError("judge_data: ties needs kind: pairwise and solve_first: true")
+        return self
+
+
+class PolicyPairsConfig(StrictModel):
+    """On-policy held-out pairs: ``model`` samples ``samples`` answers per held-out prompt; each prompt with a
+    right and a wrong answer (by the task's verifier) gives one pair, the first right against the first wrong."""
+
+    model: str = Field(..., description="the checkpoint whose samples are judged (e.g. @sft)")
+    n: int = Field(200, ge=1, description="held-out prompts sampled")
+    samples: int = Field(4, ge=2, description="answers sampled per prompt")
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_new_tokens=48),
+                                     description="how the answers are sampled")
+
+
+class JudgeEvalConfig(StageConfig):
+    """A judge's held-out verdicts: on ``task.eval_n`` synthetic pairs of the task's eval split (a right answer
+    against one with a single error) and, with ``policy``, on pairs of a model's own right and wrong samples.
+    A pairwise judge is asked both orders (position consistency); a pointwise judge scores each answer."""
+
+    type: Literal["judge_eval"] = Field("judge_eval", description="the stage type")
+    judge: JudgeConfig = Field(..., description="the judge (any backend: model, serve, endpoint, callable)")
+    task: PreferenceTaskSource = Field(default_factory=lambda: PreferenceTaskSource(eval_n=200),
+                                       description="the task; eval_n synthetic held-out pairs (0: none)")
+    policy: PolicyPairsConfig | None = Field(None, description="also judge a model's own right and wrong samples")

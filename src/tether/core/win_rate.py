@@ -137,3 +137,30 @@ def self_preference_bias(judge_win_rate_own: float, verifier_win_rate_own: float
     """Panickssery et al. 2024: the judge's win rate for its own model minus the verifier's win rate for that
     model on the same prompts; positive: the judge favours its own answers beyond their correctness."""
     return judge_win_rate_own - verifier_win_rate_own
+
+
+def verdict_accuracy(counts: SwapCounts) -> dict[str, float]:
+    """A judge's agreement with known labels, from :class:`SwapCounts` of pairs whose model A is the right
+    answer and model B the wrong one (each asked in both orders, so the right answer is shown first half the
+    time; Zheng et al. 2023, Sec. 3.4):
+
+    - ``verdict_accuracy = a_wins / n``: pairs whose combined verdict names the right answer (a tie,
+      inconsistent orders and an unparseable reply all count as not right);
+    - ``decisive_rate = (a_wins + b_wins) / n``: pairs with a combined verdict that picks a side, the pairs an
+      online preference loop (OAIF) trains on;
+    - ``decisive_accuracy = a_wins / (a_wins + b_wins)``: of those, the share the right way round (1 when
+      every pair trained on is labelled right; 0.5 is a coin), absent when none is decisive;
+    - ``position_consistency`` and ``first_position_rate`` as :func:`position_consistency` and
+      :func:`first_position_rate`, absent where undefined.
+    """
+    if counts.n <= 0:
+        raise ValueError("verdict_accuracy needs at least one pair")
+    decided = counts.a_wins + counts.b_wins
+    out = {"verdict_accuracy": counts.a_wins / counts.n, "decisive_rate": decided / counts.n}
+    if decided:
+        out["decisive_accuracy"] = counts.a_wins / decided
+    for name, value in (("position_consistency", position_consistency(counts)),
+                        ("first_position_rate", first_position_rate(counts))):
+        if value is not None:
+            out[name] = value
+    return out

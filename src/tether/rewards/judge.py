@@ -298,38 +298,79 @@ class PairwiseJudge(_Judge):
 # ---- synthetic judgments, to train a small judge --------------------------------------------------------
 
 
+def _verdict_of(answer: str, own: str) -> str:
+    return "right" if answer == own else "wrong"
+
+
+def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
+    """An integer answer that is neither ``correct`` nor ``wrong`` (None when the answers are not integers)."""
+    if not (correct.isdigit() and wrong.lstrip("-").isdigit()):
+        return None
+    choices = [int(correct) + d for d in (-10, -2, 2, 10) if int(correct) + d >= 0 and str(int(correct) + d) != wrong]
+    return str(rng.choice(choices))
+
+
 def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], template: str, seed: int = 0,
                   split: str = "train", errors: Sequence[str] | None = None,
-                  scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False) -> list[dict]:
+                  scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False, ties: float = 0.0) -> list[dict]:
     """``n`` SFT records ``{prompt: judge prompt, completion: verdict}`` whose verdicts are known exactly.
 
     Built from ``tether.tasks.preferences`` correctness pairs. Pairwise: the correct completion is
     shown as A in half the records and as B in the other half (so no position is favoured), the
     verdict is the bare letter. Pointwise: the correct and the wrong completion of a pair each make a
-    record, scored ``scale[1]`` and ``scale[0]``. ``solve_first``: the reply first works the problem
-    out itself, then gives the verdict (``<think>...</think>132 [[A]]``): a reference-guided judge
-    (Zheng et al. 2023, Sec. 3.4) whose verdict is a comparison of answers, not a re-check of every step.
+    record, scored ``scale[1]`` and ``scale[0]``.
+
+    ``solve_first``: a reference-guided judge (Zheng et al. 2023, Sec. 3.4) that reasons before its
+    verdict: it reads off each response's answer, works the problem out itself, marks each answer right
+    or wrong against its own, then gives the verdict: ``A:133 B:132 <think>...</think>132 A wrong B right
+    [[B]]`` (pointwise ``Answer:133 <think>...</think>132 wrong Score: 0``). Its verdict is a comparison of
+    answers, each step one a small model can learn, not a re-check of every step of a trace. The answers
+    are read first, while the only ``</think>`` in sight are the responses' (read after its own work, a
+    small judge copies its own answer instead).
+
+    ``ties`` (pairwise, with ``solve_first``): the share of records whose verdict is a tie, ``[[C]]``:
+    half show the correct completion twice, half two different wrong answers, so the judge learns to
+    decide only where exactly one response agrees with its own answer.
     """
+    from tether.tasks.base import THINK_CLOSE, extract_answer
     from tether.tasks.preferences import ERRORS, preference_records
 
+    if not 0.0 <= ties < 1.0:
+        raise ValueError(f"ties must be in [0, 1), got {ties}")
     template_text = load_template(template)
     pairs = preference_records(task, n if kind == "pairwise" else (n + 1) // 2, seed=seed, split=split,
                                errors=errors or ERRORS)
     rng = random.Random(f"judge-records:{seed}:{split}")
     out = []
     for i, pair in enumerate(pairs):
+        own = extract_answer(pair["chosen"])
         work = f"{pair['chosen']} " if solve_first else ""
         if kind == "pairwise":
             first = i % 2 == 0
             a, b = (pair["chosen"], pair["rejected"]) if first else (pair["rejected"], pair["chosen"])
             verdict = "A" if first else "B"
+            if solve_first and ties and rng.random() < ties:
+                other = _another_wrong(own, extract_answer(pair["rejected"]), rng)
+                if i % 4 < 2 or other is None:
+                    a = b = pair["chosen"]
+                else:
+                    a, b = pair["rejected"], pair["chosen"].rsplit(THINK_CLOSE, 1)[0] + THINK_CLOSE + other
+                verdict = "C"
+            reply = verdict
+            if solve_first:
+                seen_a, seen_b = extract_answer(a), extract_answer(b)
+                reply = (f"A:{seen_a} B:{seen_b} {work}A {_verdict_of(seen_a, own)} B {_verdict_of(seen_b, own)} "
+                         f"[[{verdict}]]")
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response_a=a, response_b=b),
-                        "completion": f"{work}[[{verdict}]]" if solve_first else verdict})
+                        "completion": reply})
             continue
         for response, value in ((pair["chosen"], scale[1]), (pair["rejected"], scale[0])):
+            seen = extract_answer(response)
+            reply = (f"Answer:{seen} {work}{_verdict_of(seen, own)} Score: {_number(value)}" if solve_first
+                     else _number(value))
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,
                                                   scale=scale),
-                        "completion": f"{work}Score: {_number(value)}" if solve_first else _number(value)})
+                        "completion": reply})
     if kind == "pointwise":
         rng.shuffle(out)
     return out[:n]

@@ -1,14 +1,20 @@
-"""The ``judge_data`` stage: synthetic judge training data with known verdicts, for an SFT stage to train a judge."""
+"""The judge stages: ``judge_data`` writes synthetic judge training data with known verdicts, for an SFT stage to
+train a judge; ``judge_eval`` measures a judge's held-out verdict accuracy and position consistency."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
-from tether.config.preference import JudgeDataConfig
+from tether.config.base import ConfigError
+from tether.config.preference import JudgeDataConfig, JudgeEvalConfig, PolicyPairsConfig
+from tether.core.win_rate import count_swapped_verdicts, verdict_accuracy
 from tether.data.files import write_jsonl_atomic
-from tether.rewards.judge import judge_records
+from tether.rewards.judge import PairwiseJudge, PointwiseJudge, judge_records
 from tether.tasks import get_task, sft_records
+from tether.tasks.base import draw_problems
+from tether.tasks.preferences import preference_records
 from tether.trainers import checkpoint as ckpt
 
 
@@ -19,7 +25,7 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
     task = get_task(source.name, **source.options)
     common = {"kind": cfg.kind, "template": cfg.template, "seed": source.seed, "errors": source.errors,
               "scale": cfg.scale, "solve_first": cfg.solve_first}
-    rows = judge_records(task, source.n, **common)
+    rows = judge_records(task, source.n, ties=cfg.ties, **common)
     if cfg.sft_n:
         rows += sft_records(task, cfg.sft_n, seed=source.seed + 1)
         random.Random(f"judge-data:{source.seed}").shuffle(rows)
@@ -28,5 +34,89 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
     results = {"records": float(len(rows)), "judge_records": float(len(rows) - cfg.sft_n)}
     if source.eval_n:
         write_jsonl_atomic(stage_dir / "eval.jsonl", judge_records(task, source.eval_n, split="eval", **common))
+    ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
+    return results
+
+
+# ---- judge evaluation ------------------------------------------------------------------------------------
+
+
+def synthetic_pairs(task: Any, source: Any) -> list[tuple[str, str, str]]:
+    """``(prompt, right, wrong)`` from the task's eval split: the right completion against one with a single
+    error (:func:`tether.tasks.preferences.preference_records`)."""
+    records = preference_records(task, source.eval_n, seed=source.seed, split="eval", errors=source.errors)
+    return [(r["prompt"], r["chosen"], r["rejected"]) for r in records]
+
+
+def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tuple[str, str, str]], dict[str, float]]:
+    """``(prompt, right, wrong)`` from a model's own samples on held-out prompts: each prompt with a right and a
+    wrong sample (by the task's verifier) gives its first right and first wrong one; and the sample figures."""
+    from tether.data import tokenize_prompts
+    from tether.models import load_model
+    from tether.rollout import HFEngine
+
+    model, tokenizer = load_model(cfg.model)
+    problems = draw_problems(task, cfg.n, seed=seed, split="eval")
+    prompts = [p.prompt for p in problems]
+    rollout = HFEngine(model.eval(), tokenizer).generate(tokenize_prompts(prompts, tokenizer),
+                                                          cfg.sampling.params(cfg.samples, seed))
+    samples: list[list[str]] = [[] for _ in prompts]
+    for text, i in zip(rollout.texts, rollout.prompt_index, strict=True):
+        samples[i].append(text)
+    pairs, correct = [], 0
+    for problem, texts in zip(problems, samples, strict=True):
+        right = [t for t in texts if task.verify(t, problem.answer) == 1.0]
+        wrong = [t for t in texts if task.verify(t, problem.answer) != 1.0]
+        correct += len(right)
+        if right and wrong:
+            pairs.append((problem.prompt, right[0], wrong[0]))
+    return pairs, {"sample_accuracy": correct / max(1, len(rollout.texts)), "pairs": float(len(pairs))}
+
+
+def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, str, str]]) -> dict[str, float]:
+    """A judge's figures on ``(prompt, right, wrong)`` pairs. Pairwise: :func:`tether.core.win_rate.verdict_accuracy`
+    with the right answer as model A. Pointwise: ``verdict_accuracy`` is the share of pairs whose right answer
+    scores higher, ``decisive_rate`` the share of unequal scores, ``decisive_accuracy`` the right share of those."""
+    prompts, right, wrong = (list(column) for column in zip(*pairs, strict=True))
+    if isinstance(judge, PairwiseJudge):
+        counts = count_swapped_verdicts(judge.verdicts(prompts, right, wrong), judge.verdicts(prompts, wrong, right))
+        return {**verdict_accuracy(counts), "pairs": float(counts.n)}
+    scored = list(zip(judge.score(prompts, right), judge.score(prompts, wrong), strict=True))
+    wins = sum(r is not None and w is not None and r > w for r, w in scored)
+    decided = sum(r is not None and w is not None and r != w for r, w in scored)
+    out = {"verdict_accuracy": wins / len(scored), "decisive_rate": decided / len(scored), "pairs": float(len(scored))}
+    if decided:
+        out["decisive_accuracy"] = wins / decided
+    return out
+
+
+def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    """Judge the held-out pairs of ``cfg`` (synthetic, and the policy's own with ``cfg.policy``); figures
+    ``synthetic/*`` and ``policy/*`` are the stage's results."""
+    import torch
+
+    from tether.scoring import build_judge
+
+    torch.set_num_threads(cfg.train.threads)
+    stage_dir = run_dir / (cfg.name or cfg.type)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    task = get_task(cfg.task.name, **cfg.task.options)
+    sources: dict[str, list[tuple[str, str, str]]] = {}
+    results: dict[str, float] = {}
+    if cfg.task.eval_n:
+        sources["synthetic"] = synthetic_pairs(task, cfg.task)
+    if cfg.policy is not None:
+        sources["policy"], sampled = policy_pairs(task, cfg.policy, cfg.task.seed)
+        results.update({f"policy/{k}": v for k, v in sampled.items()})
+    if not any(sources.values()):
+        raise ConfigError("judge_eval: no pairs to judge (task.eval_n is 0 and the policy gave no right-and-wrong "
+                          "prompt)")
+    judge = build_judge(cfg.judge, log_dir=stage_dir)
+    try:
+        for name, pairs in sources.items():
+            if pairs:
+                results.update({f"{name}/{k}": v for k, v in judge_figures(judge, pairs).items()})
+    finally:
+        judge.close()
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
     return results

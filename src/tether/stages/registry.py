@@ -26,6 +26,7 @@ from tether.config.distill import (
 from tether.config.preference import (
     DPOConfig,
     JudgeDataConfig,
+    JudgeEvalConfig,
     OnlineDPOConfig,
     RewardModelConfig,
     SPINConfig,
@@ -87,6 +88,9 @@ STAGES: dict[str, StageType] = {
                       "reference = previous iterate"),
     "judge_data": StageType(JudgeDataConfig, judge_data.run_judge_data,
                             "synthetic judge training data (known verdicts) for an SFT stage"),
+    "judge_eval": StageType(JudgeEvalConfig, judge_data.run_judge_eval,
+                            "a judge's held-out verdict accuracy and position consistency (synthetic and "
+                            "on-policy pairs)"),
     "agent_sft": StageType(AgentSFTConfig, trains(api.train_agent_sft),
                            "SFT on tool-use demonstrations, observation tokens masked"),
     "agent": StageType(AgentConfig, trains(api.train_agent),

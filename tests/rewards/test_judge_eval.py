@@ -1,0 +1,76 @@
+"""The ``judge_eval`` stage: a judge's held-out verdict accuracy and position consistency, checked with judges
+whose answers are known (an oracle that reads the sum, one that always names the first response)."""
+
+import re
+import sys
+import types
+
+import pytest
+
+from tether.config.base import ConfigError
+from tether.config.preference import JudgeEvalConfig
+from tether.models.tiny import save_tiny
+from tether.rewards.judge import PairwiseJudge, PointwiseJudge
+from tether.stages.judge_data import judge_figures, run_judge_eval, synthetic_pairs
+from tether.tasks import get_task
+from tether.trainers.checkpoint import read_done
+
+ANSWER = re.compile(r"</think>(\d+)")
+
+
+def _truth(prompt: str) -> str:
+    a, b = re.search(r"(\d+)\+(\d+)=", prompt).groups()
+    return str(int(a) + int(b))
+
+
+def oracle_pairwise(prompts: list[str]) -> list[str]:
+    out = []
+    for prompt in prompts:
+        a, b = ANSWER.findall(prompt)
+        truth = _truth(prompt)
+        out.append("[[A]]" if a == truth and b != truth else "[[B]]" if b == truth and a != truth else "[[C]]")
+    return out
+
+
+def oracle_pointwise(prompts: list[str]) -> list[str]:
+    return [f"Score: {int(ANSWER.findall(p)[0] == _truth(p))}" for p in prompts]
+
+
+@pytest.fixture
+def judges(monkeypatch):
+    module = types.ModuleType("eval_judges")
+    module.oracle_pairwise, module.oracle_pointwise = oracle_pairwise, oracle_pointwise
+    module.first_always = lambda prompts: ["[[A]]"] * len(prompts)
+    monkeypatch.setitem(sys.modules, "eval_judges", module)
+
+
+def test_judge_figures_of_known_judges():
+    task = get_task("arithmetic", digits=2)
+    pairs = synthetic_pairs(task, JudgeEvalConfig(judge={"backend": "callable", "model": "m:f"},
+                                                  task={"eval_n": 40}).task)
+    assert len(pairs) == 40 and all(task.verify(right, _truth(p)) == 1.0 != task.verify(wrong, _truth(p))
+                                    for p, right, wrong in pairs)
+    oracle = judge_figures(PairwiseJudge(oracle_pairwise, template="compact-pairwise"), pairs)
+    assert oracle == {"verdict_accuracy": 1.0, "decisive_rate": 1.0, "decisive_accuracy": 1.0,
+                      "position_consistency": 1.0, "first_position_rate": 0.5, "pairs": 40.0}
+    biased = judge_figures(PairwiseJudge(lambda ps: ["[[A]]"] * len(ps), template="compact-pairwise"), pairs)
+    assert biased == {"verdict_accuracy": 0.0, "decisive_rate": 0.0, "position_consistency": 0.0,
+                      "first_position_rate": 1.0, "pairs": 40.0}
+    scores = judge_figures(PointwiseJudge(oracle_pointwise, template="compact-pointwise", scale=(0, 1)), pairs)
+    assert scores == {"verdict_accuracy": 1.0, "decisive_rate": 1.0, "decisive_accuracy": 1.0, "pairs": 40.0}
+
+
+def test_judge_eval_stage_reports_synthetic_and_policy_figures(tmp_path, judges):
+    policy = save_tiny(tmp_path / "untrained")
+    cfg = JudgeEvalConfig(name="judge_eval", judge={"backend": "callable", "model": "eval_judges:oracle_pairwise",
+                                                    "template": "compact-pairwise"},
+                          task={"name": "arithmetic", "options": {"digits": 2}, "eval_n": 30},
+                          policy={"model": str(policy), "n": 8, "samples": 2, "sampling": {"max_new_tokens": 4}})
+    results = run_judge_eval(cfg, tmp_path, resume=False)
+    assert results["synthetic/verdict_accuracy"] == 1.0 and results["synthetic/pairs"] == 30
+    # an untrained model answers nothing right: it gives no right-and-wrong prompt to judge
+    assert results["policy/sample_accuracy"] == 0.0 and results["policy/pairs"] == 0.0
+    assert read_done(tmp_path / "judge_eval")["results"] == results
+    cfg.task.eval_n = 0
+    with pytest.raises(ConfigError, match="no pairs"):
+        run_judge_eval(cfg, tmp_path, resume=False)
