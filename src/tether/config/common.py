@@ -86,6 +86,9 @@ class LoopConfig(StrictModel):
     strategy: Literal["ddp", "fsdp2"] = Field(
         "ddp", description="under torchrun: ddp (whole model per rank) or fsdp2 (sharded per decoder layer, "
                            "sharded DCP checkpoints; also in one process)")
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32", description="bf16-mixed: forward and backward autocast to bfloat16 (CPU and CUDA); weights, "
+                            "gradients, optimizer state and log-prob / loss reductions stay float32")
 
 
 class TaskSpec(StrictModel):

@@ -237,6 +237,13 @@ class Trainer:
             # evaluation generates a different number of tokens per rank: whole weights, no per-call gathers
             self.evaluate = parallel.gathered(wrapped, self.evaluate)
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward's precision context: bfloat16 autocast under ``train.precision: bf16-mixed`` (weights and
+        gradients stay float32; matmuls run in bfloat16), else nothing."""
+        if self.config.train.precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def global_count(self, local: float | torch.Tensor) -> float:
         """A count summed over ranks, scaled for DDP's gradient averaging, for use as a loss denominator."""
         total = float(all_reduce_sum(local))
@@ -249,7 +256,8 @@ class Trainer:
         loss_sum, n = 0.0, 0
         bad_batches = []
         for batch in micro_batches:
-            loss, metrics = loss_fn(batch)
+            with self.autocast():
+                loss, metrics = loss_fn(batch)
             loss.backward()
             value = to_float(loss)
             if not math.isfinite(value):

@@ -211,7 +211,9 @@ class PreferenceTrainer(Trainer):
         """Summed completion log-probs under the current weights, without gradients, in chunks."""
         self.model.eval()
         size = 2 * self.config.train.batch_size
-        out = [sequence_logprobs(*self.example_logprobs(chunk), average=False) for chunk in chunks(list(examples), size)]
+        with self.autocast():
+            out = [sequence_logprobs(*self.example_logprobs(chunk), average=False)
+                   for chunk in chunks(list(examples), size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
 
     @property

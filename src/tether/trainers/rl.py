@@ -378,7 +378,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
                 model = self.ref_model
             else:
                 context = self.model.disable_adapter()
-        with context:
+        with context, self.autocast():
             return torch.cat([self.policy_logprobs(model, rollout, rows)[0]
                               for rows in self.micro_batches(torch.arange(len(rollout)))])
 

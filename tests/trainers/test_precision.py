@@ -1,0 +1,68 @@
+"""``train.precision: bf16-mixed``: bfloat16 autocast for the forward, float32 weights, gradients and optimizer
+state; the loss it gives agrees with float32 to bfloat16 rounding, and training still learns."""
+
+import json
+
+import torch
+
+from tether.config.rl import GRPOConfig
+from tether.models import build_tiny
+from tether.tasks import get_task, sft_records
+from tether.trainers.rl import RLTrainer
+from tether.trainers.sft import SFTConfig, SFTTrainer
+
+RECORDS = sft_records(get_task("arithmetic", digits=2), 64, seed=0)
+
+
+def sft(tmp_path, precision, steps):
+    cfg = SFTConfig(name="sft", data={"task": {"name": "arithmetic", "n": 64}, "pack_length": 128},
+                    train={"max_steps": steps, "batch_size": 8, "log_every": 1, "progress": False,
+                           "precision": precision},
+                    optim={"lr": 3e-3, "schedule": "constant"}, report_to=[])
+    model, tokenizer = build_tiny("tiny", seed=0)
+    trainer = SFTTrainer(cfg, model, tokenizer, tmp_path / precision, records=RECORDS)
+    return trainer
+
+
+def test_bf16_mixed_loss_matches_float32_to_bfloat16_rounding(tmp_path):
+    full, mixed = sft(tmp_path, "fp32", 1), sft(tmp_path, "bf16-mixed", 1)
+    batch = full.micro_batches_for_step(0)[0]
+    denominator = float(batch["num_loss_tokens"])
+    loss_full = full.loss_fn(batch, denominator)[0]
+    with mixed.autocast():
+        loss_mixed = mixed.loss_fn(batch, denominator)[0]
+    assert loss_mixed.dtype == torch.float32  # reductions in float32
+    assert abs(loss_mixed.item() - loss_full.item()) < 2e-2 * loss_full.item()
+    assert loss_mixed.item() != loss_full.item()  # the matmuls did run in bfloat16
+    loss_mixed.backward()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in mixed.model.parameters())
+
+
+def test_bf16_mixed_sft_learns_and_keeps_float32_state(tmp_path):
+    trainer = sft(tmp_path, "bf16-mixed", 30)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "bf16-mixed" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert all(v.dtype == torch.float32 for state in trainer.optimizer.state.values() for v in state.values()
+               if torch.is_tensor(v) and v.is_floating_point())
+
+
+def digit_fraction(prompts, completions, **columns):
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def test_bf16_mixed_grpo_raises_the_reward(tmp_path):
+    cfg = GRPOConfig(name="rl", data={"task": {"name": "arithmetic", "n": 64}},
+                     rollout={"group_size": 4, "max_new_tokens": 12},
+                     train={"max_steps": 10, "batch_size": 8, "log_every": 1, "progress": False,
+                            "precision": "bf16-mixed"},
+                     optim={"lr": 1e-2, "schedule": "constant"}, report_to=[])
+    model, tokenizer = build_tiny("tiny", seed=0)
+    trainer = RLTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction])
+    rewards = []
+    for _ in range(10):
+        rewards.append(float(trainer.training_step()["reward/total/mean"]))
+        trainer.step += 1
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
