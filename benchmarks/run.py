@@ -1,10 +1,15 @@
 """tether against TRL, side by side on identical work, in one process; plus MFU.
 
-    python benchmarks/run.py [--out results.json] [--runs 3] [--threads N] [--models tiny,small]
-                             [--workloads sft,dpo,grpo,grpo_beta0,generation] [--quick]
+    python benchmarks/run.py [--out results.json] [--runs 5] [--threads N] [--models tiny,small]
+                             [--workloads sft,dpo,grpo,grpo_beta0,generation] [--precisions fp32,bf16-mixed]
+                             [--quick]
 
-For every (model, workload) the two libraries run alternately (tether first on even runs, TRL
-first on odd ones) ``--runs`` times each; a figure is the median of the runs, with min and max.
+For every (precision, model, workload) the two libraries run alternately (tether first on even runs,
+TRL first on odd ones) ``--runs`` times each; a figure is the median of the runs, with min and max.
+``bf16-mixed`` rows run tether's ``train.precision: bf16-mixed`` against TRL's ``bf16=True`` (and
+bfloat16 decoding on both sides for generation); each bf16 row also gives tether's speed over its own
+float32 row. Around every row the script measures the CPU time other processes used (in cores, over
+one second before and after) and marks a row measured under load when either exceeds 0.25 cores.
 What each side does is in ``workloads.py``: same weights, records, batch size, sequence lengths,
 optimiser, learning rate, number of steps, float32 on CPU, thread count, no gradient
 checkpointing. Each row also carries both loss (or reward) trajectories and whether they agree
@@ -16,7 +21,8 @@ both sides), ``generation_fixed`` ignores EOS so every row decodes 32 tokens (th
 
 MFU: achieved training FLOP/s of SFT on the ``small`` model (6 x parameters x tokens, plus
 12 x layers x hidden x length^2 per sequence for attention, as in the PaLM paper's appendix)
-against the FLOP/s of a large float32 matmul timed in the same process with the same threads.
+against the FLOP/s of a large matmul of the row's precision (float32, or bfloat16 for bf16-mixed)
+timed in the same process with the same threads.
 
 Writes the rows as JSON (``--out``), the same table as markdown next to it (``.md``), and prints it.
 ``--quick`` runs every workload once at a trivial size: the smoke test that keeps this script working.
@@ -25,6 +31,7 @@ Writes the rows as JSON (``--out``), the same table as markdown next to it (``.m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -75,10 +82,37 @@ METRICS = {"sft": ["tokens", "loss_tokens"], "dpo": ["pairs"], "grpo": ["complet
            "grpo_beta0": ["completions"], "generation": ["tokens"], "generation_fixed": ["tokens"]}
 
 
-def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of the best of ``repeats`` float32 (size x size) @ (size x size) matmuls."""
+PRECISIONS = ("fp32", "bf16-mixed")
+LOADED_CORES = 0.25  # other processes' CPU use (cores) above which a row is marked as measured under load
+
+
+def other_load(seconds: float = 1.0) -> float:
+    """CPU cores used by every process but this one over ``seconds`` (psutil's per-process CPU times)."""
+    import psutil
+
+    me = os.getpid()
+
+    def cpu_times() -> dict[int, float]:
+        out = {}
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                times = proc.cpu_times()
+                out[proc.pid] = times.user + times.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        out.pop(me, None)
+        return out
+
+    before = cpu_times()
+    time.sleep(seconds)
+    after = cpu_times()
+    return sum(max(0.0, t - before.get(pid, t)) for pid, t in after.items()) / seconds
+
+
+def matmul_peak(threads: int, size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of the best of ``repeats`` (size x size) @ (size x size) matmuls in ``dtype``."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
@@ -121,20 +155,25 @@ def run_once(workload: str, name: str, model_dir: Path, spec: wl.Spec, threads: 
 
 
 def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int, threads: int) -> list[dict]:
-    """Alternate the libraries ``runs`` times; one row per metric of the workload."""
+    """Alternate the libraries ``runs`` times; one row per metric of the workload, with the load around it."""
     generation = workload.startswith("generation")
     names = ("tether", "model.generate") if generation else ("tether", "trl")
     results: dict[str, list[wl.Measurement]] = {n: [] for n in names}
+    load_before = other_load()
     for run in range(runs):
         for name in names if run % 2 == 0 else names[::-1]:
             gc.collect()
             results[name].append(run_once(workload, name, model_dir, spec, threads))
             torch.set_num_threads(threads)
+    load_after = other_load()
+    load = {"load_before": load_before, "load_after": load_after,
+            "under_load": max(load_before, load_after) > LOADED_CORES}
     rows = []
     for metric in METRICS[workload]:
         rates = {n: [m.units[metric] / m.seconds for m in results[n]] for n in names}
         ours, theirs = statistics.median(rates[names[0]]), statistics.median(rates[names[1]])
-        row = {"workload": workload, "model": model, "metric": f"{metric}/s", "tether": ours, "trl": theirs,
+        row = {"workload": workload, "model": model, "precision": spec.precision, "metric": f"{metric}/s",
+               "tether": ours, "trl": theirs, **load,
                "ratio": ours / theirs, "runs": runs, "tether_min": min(rates[names[0]]),
                "tether_max": max(rates[names[0]]), "trl_min": min(rates[names[1]]),
                "trl_max": max(rates[names[1]]), "baseline": names[1]}
@@ -147,44 +186,59 @@ def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int
     return rows
 
 
-def mfu_rows(rows: list[dict], model_dirs: dict[str, Path], peak: float) -> dict | None:
-    sft = next((r for r in rows if r["workload"] == "sft" and r["model"] == "small" and "_units" in r), None)
+def mfu_rows(rows: list[dict], model_dirs: dict[str, Path], peak: float, precision: str) -> dict | None:
+    sft = next((r for r in rows if r["workload"] == "sft" and r["model"] == "small" and "_units" in r
+                and r["precision"] == precision), None)
     if sft is None:
         return None
-    out = {"model": "small", "workload": "sft", "matmul_peak_gflops": peak / 1e9}
+    out = {"model": "small", "workload": "sft", "precision": precision, "matmul_peak_gflops": peak / 1e9}
     for name in ("tether", "trl"):
         achieved = [training_flops(model_dirs["small"], u["tokens"], u["sum_sq_lengths"]) / s
                     for u, s in zip(sft["_units"][name], sft["_seconds"][name], strict=True)]
         out[f"{name}_gflops"] = statistics.median(achieved) / 1e9
         out[f"{name}_mfu"] = statistics.median(achieved) / peak
-    for r in rows:
-        r.pop("_units", None)
-        r.pop("_seconds", None)
+    for key in ("_units", "_seconds"):
+        sft.pop(key, None)
     return out
+
+
+def own_fp32_ratios(rows: list[dict]) -> None:
+    """Each bf16-mixed row's tether speed over tether's float32 row of the same model, workload and metric."""
+    fp32 = {(r["model"], r["workload"], r["metric"]): r["tether"] for r in rows if r["precision"] == "fp32"}
+    for r in rows:
+        base = fp32.get((r["model"], r["workload"], r["metric"]))
+        if r["precision"] != "fp32" and base:
+            r["over_own_fp32"] = r["tether"] / base
 
 
 def _num(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-def markdown(rows: list[dict], mfu: dict | None, meta: dict) -> str:
+def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
     lines = [f"tether {meta['tether']} vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
-             f"{meta['threads']} thread(s), float32, {meta['date']}; median of {meta['runs']} alternating runs "
-             "(min-max).", "",
-             "| workload | model | metric | tether | TRL / baseline | ratio | same work |",
-             "|---|---|---|---|---|---|---|"]
+             f"{meta['threads']} thread(s), {meta['date']}; median of {meta['runs']} alternating runs (min-max). "
+             f"load: other processes' CPU use (cores) before / after the row; rows over {LOADED_CORES} are marked "
+             "UNDER LOAD.", "",
+             "| precision | workload | model | metric | tether | TRL / baseline | ratio | over own fp32 | same work "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r.get("trajectory")
         same = "-" if t is None else (f"{'yes' if t['ok'] else 'NO'} ({t['tether_mean']:.3f} vs "
                                       f"{t['trl_mean']:.3f}, {t['tolerance']})")
         base = "" if r["baseline"] == "trl" else f" ({r['baseline']})"
-        lines.append(f"| {r['workload']} | {r['model']} | {r['metric']} | {_num(r['tether'])} "
+        own = f"{r['over_own_fp32']:.2f}x" if "over_own_fp32" in r else "-"
+        load = f"{r['load_before']:.2f} / {r['load_after']:.2f}" + (" UNDER LOAD" if r["under_load"] else "")
+        lines.append(f"| {r['precision']} | {r['workload']} | {r['model']} | {r['metric']} | {_num(r['tether'])} "
                      f"({_num(r['tether_min'])}-{_num(r['tether_max'])}) | {_num(r['trl'])} "
-                     f"({_num(r['trl_min'])}-{_num(r['trl_max'])}){base} | **{r['ratio']:.2f}x** | {same} |")
-    if mfu:
-        lines += ["", f"MFU, SFT on the small model: tether {mfu['tether_mfu']:.1%} "
+                     f"({_num(r['trl_min'])}-{_num(r['trl_max'])}){base} | **{r['ratio']:.2f}x** | {own} | {same} "
+                     f"| {load} |")
+    for mfu in mfus:
+        kind = "float32" if mfu["precision"] == "fp32" else "bfloat16"
+        lines += ["", f"MFU, SFT on the small model, {mfu['precision']}: tether {mfu['tether_mfu']:.1%} "
                       f"({mfu['tether_gflops']:.1f} GFLOP/s), TRL {mfu['trl_mfu']:.1%} "
-                      f"({mfu['trl_gflops']:.1f} GFLOP/s), against a float32 matmul peak of "
+                      f"({mfu['trl_gflops']:.1f} GFLOP/s), against a {kind} matmul peak of "
                       f"{mfu['matmul_peak_gflops']:.1f} GFLOP/s measured in the same run."]
     return "\n".join(lines) + "\n"
 
@@ -193,8 +247,13 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     """Add ``--models`` / ``--workloads`` / ``--quick`` to ``parser`` and parse; the two lists checked."""
     parser.add_argument("--models", default="tiny,small")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--precisions", default="fp32", help="fp32, bf16-mixed or both, comma-separated")
     parser.add_argument("--quick", action="store_true", help="every workload at a trivial size (smoke test)")
     args = parser.parse_args(argv)
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    for name in args.precisions:
+        if name not in PRECISIONS:
+            parser.error(f"unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
     args.models = [m for m in args.models.split(",") if m]
     args.workloads = [w for w in args.workloads.split(",") if w]
     for name in args.workloads:
@@ -209,7 +268,7 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parse_selection(parser, argv)
     models, workloads = args.models, args.workloads
@@ -218,25 +277,30 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows: list[dict] = []
+    mfus: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dirs = {m: save_tiny(Path(tmp) / m, m, seed=0) for m in models}
-        peak = matmul_peak(args.threads) if "small" in models and "sft" in workloads else None
-        for model in models:
-            for workload in workloads:
-                spec = SPECS[model][workload][1 if args.quick else 0]
-                print(f"... {model} {workload}", file=sys.stderr, flush=True)
-                rows.extend(measure(workload, model, model_dirs[model], spec, args.runs, args.threads))
-        mfu = mfu_rows(rows, model_dirs, peak) if peak else None
+        for precision in args.precisions:
+            for model in models:
+                for workload in workloads:
+                    spec = dataclasses.replace(SPECS[model][workload][1 if args.quick else 0], precision=precision)
+                    print(f"... {precision} {model} {workload}", file=sys.stderr, flush=True)
+                    rows.extend(measure(workload, model, model_dirs[model], spec, args.runs, args.threads))
+            if "small" in models and "sft" in workloads:
+                dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+                mfu = mfu_rows(rows, model_dirs, matmul_peak(args.threads, dtype=dtype), precision)
+                mfus += [mfu] if mfu else []
+        own_fp32_ratios(rows)
     import trl
 
     import tether
 
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
-            "threads": args.threads, "runs": args.runs, "torch": torch.__version__, "trl": trl.__version__,
+            "threads": args.threads, "runs": args.runs, "precisions": args.precisions, "torch": torch.__version__, "trl": trl.__version__,
             "tether": tether.__version__, "quick": args.quick, "seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "mfu": mfu}, indent=1))
-    table = markdown(rows, mfu, meta)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "mfu": mfus}, indent=1))
+    table = markdown(rows, mfus, meta)
     args.out.with_suffix(".md").write_text(table)
     print(table)
     print(f"({meta['seconds']:.0f} s; {args.out})")

@@ -8,8 +8,10 @@ reward) trajectory, one value per optimiser step.
 
 Both sides: the same weights (loaded from the same directory), the same records, the same batch
 size, sequence lengths, AdamW with the same learning rate, constant schedule, no warm-up, no
-weight decay, clipping at 1.0, float32 on CPU, the same thread count, no gradient checkpointing,
-no evaluation, no checkpointing, one optimiser step per batch.
+weight decay, clipping at 1.0, the same precision (float32, or bf16-mixed: tether's ``train.precision:
+bf16-mixed`` against TRL's ``bf16=True``, both bfloat16 autocast over float32 weights; generation in
+bfloat16 weights on both sides), the same thread count, no gradient checkpointing, no evaluation, no
+checkpointing, one optimiser step per batch.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Spec:
     new_tokens: int = 32  # GRPO max completion length, generation new tokens
     beta: float = 0.04  # GRPO KL coefficient; DPO uses 0.1
     lr: float = 1e-4
+    precision: str = "fp32"  # or "bf16-mixed": tether train.precision, TRL bf16=True, bfloat16 decoding
 
 
 @dataclasses.dataclass
@@ -100,7 +103,7 @@ def _tether_common(spec: Spec, threads: int) -> dict[str, Any]:
     return {
         "optim": {"lr": spec.lr, "schedule": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0},
         "train": {"max_steps": spec.steps, "batch_size": spec.batch, "log_every": 1, "progress": False,
-                  "threads": threads},
+                  "threads": threads, "precision": spec.precision},
         "report_to": [],
     }
 
@@ -180,7 +183,8 @@ def _trl_common(spec: Spec, scratch: Path, threads: int) -> dict[str, Any]:
         output_dir=str(scratch), max_steps=spec.steps, per_device_train_batch_size=spec.batch,
         gradient_accumulation_steps=1, learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", logging_steps=1, save_strategy="no",
-        eval_strategy="no", report_to="none", use_cpu=True, bf16=False, fp16=False, disable_tqdm=True,
+        eval_strategy="no", report_to="none", use_cpu=True, bf16=spec.precision == "bf16-mixed", fp16=False,
+        disable_tqdm=True,
         gradient_checkpointing=False, dataloader_num_workers=0, seed=0,
     )
 
@@ -277,10 +281,11 @@ def generation(model_dir: Path, spec: Spec, library: str, threads: int, *, ignor
     torch.set_num_threads(threads)
     model, tokenizer = _load(model_dir)
     model.eval()
+    bf16 = spec.precision == "bf16-mixed"
     eos = tokenizer.eos_token_id
     prompts = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in grpo_data(spec.batch)]
     if library == "tether":
-        engine = HFEngine(model, tokenizer)
+        engine = HFEngine(model, tokenizer, dtype="bfloat16" if bf16 else None)
         if ignore_eos:
             engine.eos_ids = []
 
@@ -288,6 +293,7 @@ def generation(model_dir: Path, spec: Spec, library: str, threads: int, *, ignor
             rollout = engine.generate(prompts, SamplingParams(max_new_tokens=spec.new_tokens, seed=0))
             return sum(len(c) for c in rollout.completion_ids)
     else:  # "hf": model.generate
+        model = model.to(torch.bfloat16) if bf16 else model
         enc = tokenizer.pad([{"input_ids": p} for p in prompts], padding_side="left", return_tensors="pt")
         kwargs = dict(do_sample=True, max_new_tokens=spec.new_tokens, top_k=0, top_p=1.0, temperature=1.0,
                       pad_token_id=tokenizer.pad_token_id)

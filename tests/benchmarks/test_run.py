@@ -30,13 +30,20 @@ def run_script(name: str, *args: str) -> None:
 
 def test_quick_benchmark_writes_every_row(tmp_path):
     out = tmp_path / "bench.json"
-    run_script("run.py", "--quick", "--runs", "1", "--models", "tiny", "--threads", "1", "--out", str(out))
+    run_script("run.py", "--quick", "--runs", "1", "--models", "tiny", "--threads", "1", "--out", str(out),
+               "--precisions", "fp32,bf16-mixed")
     data = json.loads(out.read_text())
     rows = data["rows"]
     expected = {("sft", "tokens/s"), ("sft", "loss_tokens/s"), ("dpo", "pairs/s"), ("grpo", "completions/s"),
                 ("grpo_beta0", "completions/s"), ("generation", "tokens/s"), ("generation_fixed", "tokens/s")}
-    assert {(r["workload"], r["metric"]) for r in rows} == expected
+    assert {(p, r["workload"], r["metric"]) for r in rows for p in [r["precision"]]} == {
+        (p, *e) for p in ("fp32", "bf16-mixed") for e in expected}
     for row in rows:
+        assert row["load_before"] >= 0 and row["load_after"] >= 0 and isinstance(row["under_load"], bool)
+        if row["precision"] == "bf16-mixed":
+            fp32 = next(r for r in rows if r["precision"] == "fp32" and r["workload"] == row["workload"]
+                        and r["metric"] == row["metric"])
+            assert row["over_own_fp32"] == pytest.approx(row["tether"] / fp32["tether"])
         assert row["model"] == "tiny" and row["runs"] == 1
         assert row["tether"] > 0 and row["trl"] > 0
         assert row["ratio"] == pytest.approx(row["tether"] / row["trl"])
