@@ -12,6 +12,7 @@ from tether.rewards.judge import (
     EndpointJudgeBackend,
     PairwiseJudge,
     PointwiseJudge,
+    answer_check,
     judge_records,
     load_template,
     parse_score,
@@ -187,6 +188,14 @@ def test_judge_records_have_known_balanced_verdicts():
     assert [parse_verdict(r["completion"]) for r in solving] == ["A", "B", "A", "B"]
 
 
+def test_answer_check_by_hand():
+    assert answer_check("88", "88") == "8/8= 8/8= right"
+    assert answer_check("88", "89") == "8/8= 8/9x wrong"
+    assert answer_check("107", "97") == "1/9x 0/7x 7/_x wrong"
+    assert answer_check("7", "17") == "7/1x _/7x wrong"
+    assert parse_score(f"Answer:89 <think>8+0=8 c0|</think>88 {answer_check('88', '89')} Score: 0", 0, 1) == 0.0
+
+
 def test_solve_first_replies_mark_each_answer_before_the_verdict():
     task = get_task("arithmetic", digits=2)
     for record in judge_records(task, 40, kind="pairwise", template="compact-pairwise", solve_first=True, ties=0.5):
@@ -196,8 +205,7 @@ def test_solve_first_replies_mark_each_answer_before_the_verdict():
         assert record["completion"].startswith(f"A:{shown['A']} B:{shown['B']} <think>")
         own, marks = record["completion"].split("</think>")[1].split(" ", 1)
         assert own == truth
-        assert marks.startswith(f"A {'right' if shown['A'] == truth else 'wrong'} "
-                                f"B {'right' if shown['B'] == truth else 'wrong'} [[")
+        assert marks.startswith(f"A {answer_check(truth, shown['A'])} B {answer_check(truth, shown['B'])} [[")
         decisive = (shown["A"] == truth) != (shown["B"] == truth)
         expected = ("A" if shown["A"] == truth else "B") if decisive else "tie"
         assert parse_verdict(record["completion"]) == expected
@@ -213,6 +221,7 @@ def test_solve_first_replies_mark_each_answer_before_the_verdict():
         seen = record["prompt"].rsplit("</think>", 1)[1].split("\n")[0]
         mark = "right" if record["completion"].endswith("Score: 1") else "wrong"
         assert record["completion"].startswith(f"Answer:{seen} <think>")
-        assert record["completion"].endswith(f"</think>{truth_of(record)} {mark} Score: {int(mark == 'right')}")
+        assert record["completion"].endswith(f"</think>{truth_of(record)} {answer_check(truth_of(record), seen)} "
+                                             f"Score: {int(mark == 'right')}")
     with pytest.raises(ValueError, match="ties"):
         judge_records(task, 4, kind="pairwise", template="compact-pairwise", solve_first=True, ties=1.0)

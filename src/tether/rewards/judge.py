@@ -31,6 +31,7 @@ Judges follow the reward protocol, ``judge(prompts, completions, **columns) -> l
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -298,8 +299,14 @@ class PairwiseJudge(_Judge):
 # ---- synthetic judgments, to train a small judge --------------------------------------------------------
 
 
-def _verdict_of(answer: str, own: str) -> str:
-    return "right" if answer == own else "wrong"
+def answer_check(own: str, seen: str) -> str:
+    """The judge's check of an answer ``seen`` against its ``own``, digit by digit from the left, then the
+    mark: ``"8/8= 8/9x wrong"``. Each digit pair is written before its sign (``=`` same, ``x`` different;
+    ``_`` pads the shorter), so every sign depends only on the two characters just before it and the mark
+    only on the signs: a comparison a small model can learn, where one mark after both whole numbers is not."""
+    pairs = itertools.zip_longest(own, seen, fillvalue="_")
+    digits = " ".join(f"{o}/{s}{'=' if o == s else 'x'}" for o, s in pairs)
+    return f"{digits} {'right' if own == seen else 'wrong'}"
 
 
 def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
@@ -321,9 +328,10 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
     record, scored ``scale[1]`` and ``scale[0]``.
 
     ``solve_first``: a reference-guided judge (Zheng et al. 2023, Sec. 3.4) that reasons before its
-    verdict: it reads off each response's answer, works the problem out itself, marks each answer right
-    or wrong against its own, then gives the verdict: ``A:133 B:132 <think>...</think>132 A wrong B right
-    [[B]]`` (pointwise ``Answer:133 <think>...</think>132 wrong Score: 0``). Its verdict is a comparison of
+    verdict: it reads off each response's answer, works the problem out itself, checks each answer against
+    its own digit by digit (:func:`answer_check`), then gives the verdict: ``A:133 B:132
+    <think>...</think>132 A 1/1= 3/3= 2/3x wrong B 1/1= 3/3= 2/2= right [[B]]`` (pointwise
+    ``Answer:133 <think>...</think>132 1/1= 3/3= 2/3x wrong Score: 0``). Its verdict is a comparison of
     answers, each step one a small model can learn, not a re-check of every step of a trace. The answers
     are read first, while the only ``</think>`` in sight are the responses' (read after its own work, a
     small judge copies its own answer instead).
@@ -359,14 +367,14 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
             reply = verdict
             if solve_first:
                 seen_a, seen_b = extract_answer(a), extract_answer(b)
-                reply = (f"A:{seen_a} B:{seen_b} {work}A {_verdict_of(seen_a, own)} B {_verdict_of(seen_b, own)} "
+                reply = (f"A:{seen_a} B:{seen_b} {work}A {answer_check(own, seen_a)} B {answer_check(own, seen_b)} "
                          f"[[{verdict}]]")
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response_a=a, response_b=b),
                         "completion": reply})
             continue
         for response, value in ((pair["chosen"], scale[1]), (pair["rejected"], scale[0])):
             seen = extract_answer(response)
-            reply = (f"Answer:{seen} {work}{_verdict_of(seen, own)} Score: {_number(value)}" if solve_first
+            reply = (f"Answer:{seen} {work}{answer_check(own, seen)} Score: {_number(value)}" if solve_first
                      else _number(value))
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,
                                                   scale=scale),
