@@ -203,10 +203,11 @@ def test_online_dpo_arithmetic_recipe_gains_five_points_over_sft(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known gap: the recipe's tiny judge, served over HTTP, is at chance "
-                   "(position consistency 0-13%), so nearly every pair is a tie and no pair is audited")
 def test_oaif_arithmetic_recipe_judges_over_http(tmp_path):
-    figures = _run("oaif-arithmetic", tmp_path)["oaif"]
+    results = _run("oaif-arithmetic", tmp_path)
+    judge = results["judge_eval"]  # the reasoning judge decides most held-out pairs, nearly all of them right
+    assert judge["synthetic/decisive_accuracy"] >= 0.9 and judge["synthetic/verdict_accuracy"] >= 0.6, judge
+    figures = results["oaif"]
     agreement = [v for k, v in figures.items() if k.endswith("audit/pair_agreement")]
     assert figures["accuracy"] > 0 and agreement and all(0 <= a <= 1 for a in agreement)
     log = (tmp_path / "oaif" / "judge-server.log").read_text()
