@@ -65,8 +65,9 @@ def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tup
         samples[i].append(text)
     pairs, correct = [], 0
     for problem, texts in zip(problems, samples, strict=True):
-        right = [t for t in texts if task.verify(t, problem.answer) == 1.0]
-        wrong = [t for t in texts if task.verify(t, problem.answer) != 1.0]
+        verdicts = [task.verify(t, problem.answer) == 1.0 for t in texts]
+        right = [t for t, ok in zip(texts, verdicts, strict=True) if ok]
+        wrong = [t for t, ok in zip(texts, verdicts, strict=True) if not ok]
         correct += len(right)
         if right and wrong:
             pairs.append((problem.prompt, right[0], wrong[0]))
