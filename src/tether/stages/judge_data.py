@@ -51,18 +51,13 @@ def synthetic_pairs(task: Any, source: Any) -> list[tuple[str, str, str]]:
 def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tuple[str, str, str]], dict[str, float]]:
     """``(prompt, right, wrong)`` from a model's own samples on held-out prompts: each prompt with a right and a
     wrong sample (by the task's verifier) gives its first right and first wrong one; and the sample figures."""
-    from tether.data import tokenize_prompts
     from tether.models import load_model
-    from tether.rollout import HFEngine
+    from tether.stages.cai import sample_responses
 
     model, tokenizer = load_model(cfg.model)
     problems = draw_problems(task, cfg.n, seed=seed, split="eval")
-    prompts = [p.prompt for p in problems]
-    rollout = HFEngine(model.eval(), tokenizer).generate(tokenize_prompts(prompts, tokenizer),
-                                                          cfg.sampling.params(cfg.samples, seed))
-    samples: list[list[str]] = [[] for _ in prompts]
-    for text, i in zip(rollout.texts, rollout.prompt_index, strict=True):
-        samples[i].append(text)
+    samples = sample_responses(model, tokenizer, [p.prompt for p in problems], cfg.sampling, n=cfg.samples,
+                               seed=seed)
     pairs, correct = [], 0
     for problem, texts in zip(problems, samples, strict=True):
         verdicts = [task.verify(t, problem.answer) == 1.0 for t in texts]
@@ -71,7 +66,7 @@ def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tup
         correct += len(right)
         if right and wrong:
             pairs.append((problem.prompt, right[0], wrong[0]))
-    return pairs, {"sample_accuracy": correct / max(1, len(rollout.texts)), "pairs": float(len(pairs))}
+    return pairs, {"sample_accuracy": correct / max(1, sum(map(len, samples))), "pairs": float(len(pairs))}
 
 
 def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, str, str]]) -> dict[str, float]:
