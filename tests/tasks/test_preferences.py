@@ -58,6 +58,33 @@ def test_wrong_addition_by_hand():
     assert wrong_addition(12, 34, random.Random(0), ["dropped_carry"])[2] == "answer"
 
 
+def test_misread_by_hand():
+    # 47+85 with one operand digit copied off by one: the column is summed as written and carried through,
+    # so the trace is self-consistent (column_sums_ok) but its answer is wrong by one unit of that column
+    seen = set()
+    for seed in range(60):
+        steps, bad, kind = wrong_addition(47, 85, random.Random(seed), ["misread"])
+        assert kind == "misread"
+        x, y = re.match(r"(\d)\+(\d)", steps[bad]).groups()
+        right = ("7", "5") if bad == 0 else ("4", "8")
+        assert (x != right[0]) != (y != right[1])  # exactly one digit misread
+        assert abs(int(x + y) - int("".join(right))) in (1, 10)  # off by one
+        assert abs(int(steps[-1]) - 132) == 10 ** bad
+        assert column_sums_ok(_join_trace(steps))
+        seen.add((bad, x != right[0]))
+    assert seen == {(0, True), (0, False), (1, True), (1, False)}
+    # a column only the longer operand reaches: its digit is the one misread (5+97: 0+9 -> 0+8 or 0+10 never)
+    for seed in range(20):
+        steps, bad, _ = wrong_addition(5, 97, random.Random(seed), ["misread"])
+        if bad == 1:
+            assert steps[1].startswith("0+8+1=") or steps[1].startswith("0+8=")
+    assert "misread" not in {r["error"] for r in preference_records(TASK, 200)}  # not a default kind
+
+
+def _join_trace(steps: list[str]) -> str:
+    return "<think>" + "".join(s + "|" for s in steps[:-1]) + "</think>" + steps[-1]
+
+
 def test_errors_option():
     records = preference_records(TASK, 200, errors=["answer", "dropped_carry"])
     assert {r["error"] for r in records} == {"answer", "dropped_carry"}

@@ -51,8 +51,9 @@ FILLERS = (
     "Hmm, the final result would be ",
 )
 Kind = Literal["correctness", "style", "mixed"]
-ERRORS = ("slip", "dropped_carry", "answer")
-STEPWISE_ERRORS = (*ERRORS, "stop")
+ERRORS = ("slip", "dropped_carry", "answer")  # the default kinds
+ALL_ERRORS = (*ERRORS, "misread")
+STEPWISE_ERRORS = (*ALL_ERRORS, "stop")
 
 _NUMBER = re.compile(r"\d+")
 
@@ -73,7 +74,9 @@ def wrong_addition(a: int, b: int, rng: random.Random, errors: Sequence[str] = E
     Returns ``(steps, index of the first wrong step, error kind)``. The kind is drawn uniformly
     from those of ``errors`` that apply: ``slip``, a column total off by one; ``dropped_carry``,
     a column that has a carry-in written without it (weighted twice, as it only applies to some
-    problems); ``answer``, the trace right but the answer miscopied, off by one. Columns after a
+    problems); ``answer``, the trace right but the answer miscopied, off by one; ``misread`` (not a
+    default), one operand digit of a column copied off by one from the prompt and summed as written, the
+    error a small policy makes most (``33+82=`` -> ``3+2=5 c0|2+8=10 c1|``). Columns after a
     wrong one are computed correctly from the wrong carry, and the answer is read off the wrong
     trace. When no allowed kind applies (only ``dropped_carry`` and no carry), ``answer`` is used.
     """
@@ -88,6 +91,11 @@ def wrong_addition(a: int, b: int, rng: random.Random, errors: Sequence[str] = E
     if kind == "answer":
         return [*correct[:width], str(_nudge(a + b, rng))], width, kind
     bad = rng.choice(carried) if kind == "dropped_carry" else rng.randrange(width)
+    if kind == "misread":  # past the shorter operand's last digit only the longer one has a digit to misread
+        first = bad < len(da) and (bad >= len(db) or rng.random() < 0.5)
+        digits = da if first else db
+        digits = [*digits[:bad], _nudge(digits[bad], rng) if digits[bad] < 9 else 8, *digits[bad + 1:]]
+        da, db = (digits, db) if first else (da, digits)
     return _addition_steps(da, db, bad, kind, rng), bad, kind
 
 
@@ -167,7 +175,7 @@ def _chat(record: dict, fields: tuple[str, ...]) -> dict:
     return out
 
 
-def _check_errors(errors: Sequence[str], allowed: Sequence[str] = ERRORS) -> None:
+def _check_errors(errors: Sequence[str], allowed: Sequence[str] = ALL_ERRORS) -> None:
     unknown = sorted(set(errors) - set(allowed))
     if unknown or not errors:
         raise ValueError(f"errors must be a non-empty list of {', '.join(allowed)}; got {list(errors)}")
