@@ -11,7 +11,13 @@ import pytest
 
 from tether.config.base import ConfigError
 from tether.config.sft import SFTConfig
-from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_settings, stage_settings
+from tether.stages.run_guard import (
+    RunLock,
+    check_stage_settings,
+    link_upstream,
+    record_stage_settings,
+    stage_settings,
+)
 
 
 def test_a_second_run_on_the_directory_is_refused_naming_the_holder(tmp_path):
@@ -86,3 +92,32 @@ def test_paths_in_lists_of_blocks_are_relative_too(tmp_path):
 
     cfg = GRPOConfig(name="grpo", rewards=[{"name": "reward_model", "kwargs": {"path": str(tmp_path / "rm")}}])
     assert stage_settings(cfg, tmp_path)["rewards"][0]["kwargs"]["path"] == "@run/rm"
+
+
+def test_a_stage_whose_input_stage_changed_is_not_reused(tmp_path):
+    """A stage reads an earlier one (``@pretrain``); when that one is retrained under other settings (its old
+    directory deleted, as the refusal suggests), the stage after it is refused too, also two stages down."""
+    def recipe(lr):
+        configs = [SFTConfig(name="pretrain", optim={"lr": lr}),
+                   SFTConfig(name="sft", model={"name_or_path": str(tmp_path / "pretrain")}),
+                   SFTConfig(name="polish", model={"name_or_path": str(tmp_path / "sft" / "checkpoints")}),
+                   SFTConfig(name="side", optim={"lr": 1e-4})]  # reads no earlier stage
+        settings = {c.name: stage_settings(c, tmp_path) for c in configs}
+        link_upstream(settings)
+        return settings
+
+    before = recipe(1e-3)
+    assert "upstream.pretrain" in before["sft"] and set(before["polish"]) - set(before["sft"]) == {"upstream.sft"}
+    assert not any(k.startswith("upstream.") for k in before["side"] | before["pretrain"])
+    for name in ("sft", "polish", "side"):
+        record_stage_settings(tmp_path / name, before[name])
+    after = recipe(2e-3)
+    with pytest.raises(ConfigError, match="its input stage 'pretrain' changed"):
+        check_stage_settings(tmp_path / "sft", after["sft"])
+    with pytest.raises(ConfigError, match="its input stage 'sft' changed"):
+        check_stage_settings(tmp_path / "polish", after["polish"])
+    check_stage_settings(tmp_path / "side", after["side"])
+    check_stage_settings(tmp_path / "sft", recipe(1e-3)["sft"])  # the same recipe again: reused
+    # recorded before input digests existed: checked on its own keys only
+    record_stage_settings(tmp_path / "sft", {k: v for k, v in before["sft"].items() if not k.startswith("upstream.")})
+    check_stage_settings(tmp_path / "sft", after["sft"])

@@ -39,7 +39,13 @@ from tether.rewards.combine import resolve_reward_function
 from tether.stages.recipes import apply_recipe_overrides, builtin_recipes, load_recipe
 from tether.stages.registry import STAGE_TYPES
 from tether.stages.run_facts import recorded_invocation
-from tether.stages.run_guard import RunLock, check_stage_settings, record_stage_settings, stage_settings
+from tether.stages.run_guard import (
+    RunLock,
+    check_stage_settings,
+    link_upstream,
+    record_stage_settings,
+    stage_settings,
+)
 from tether.tasks import get_task
 from tether.trainers import checkpoint as ckpt
 from tether.trainers.distributed import DistInfo, init_distributed
@@ -154,6 +160,7 @@ def checked_settings(configs: list[StageConfig], run_dir: Path) -> dict[str, dic
     """Each stage's settings (``stage_settings``), after checking every stage already in ``run_dir`` was
     trained under them: a changed one is refused before any stage trains."""
     settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
+    link_upstream(settings)
     for cfg in configs:
         check_stage_settings(run_dir / cfg.name, settings[cfg.name])
     return settings

@@ -4,6 +4,7 @@ under the configuration it was trained with (``STAGE/stage_config.json``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -108,9 +109,35 @@ def stage_settings(cfg: StageConfig, run_dir: Path) -> dict[str, Any]:
     return {k: relative(v) for k, v in flat.items() if k not in UNTRAINED_KEYS}
 
 
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    return []
+
+
+def link_upstream(settings: dict[str, dict[str, Any]]) -> None:
+    """Add to each stage's settings (in recipe order) an ``upstream.NAME`` digest of the settings of every
+    earlier stage it reads (``@run/NAME...``), so a stage whose input stage changed is not reused: the digest
+    covers the input's own inputs, so a change anywhere upstream reaches every stage after it."""
+    for name, flat in settings.items():
+        earlier = set(list(settings)[: list(settings).index(name)])
+        reads = {s.split("/")[1] for s in _strings(list(flat.values())) if s.startswith("@run/")}
+        for source in sorted(reads & earlier):
+            digest = json.dumps(settings[source], sort_keys=True, default=str).encode()
+            flat[f"{UPSTREAM}{source}"] = hashlib.sha256(digest).hexdigest()[:16]
+
+
+UPSTREAM = "upstream."
+
+
 def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
     """ConfigError, in one line naming the changed keys and the ways forward, when the stage was trained (or
-    started) under other settings; nothing when it was not, or when it predates the record."""
+    started) under other settings or its input stages were (``link_upstream``); nothing when it was not, or
+    when it predates the record (a record without input digests is checked on its own keys only)."""
     path = stage_dir / STAGE_CONFIG_FILE
     if not path.exists():
         if (stage_dir / "stage.json").exists():
@@ -118,11 +145,14 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
                         "trained under this one (delete it to train it again)", stage_dir.name, stage_dir.parent)
         return
     before = json.loads(path.read_text())
+    if not any(k.startswith(UPSTREAM) for k in before):
+        settings = {k: v for k, v in settings.items() if not k.startswith(UPSTREAM)}
     changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>")
                      and not _field_added_or_removed_while_off(k, before, settings))
     if not changed:
         return
-    shown = ", ".join(f"{k}: {before.get(k, '<unset>')!r} -> {settings.get(k, '<unset>')!r}" for k in changed[:4])
+    shown = ", ".join(f"its input stage {k[len(UPSTREAM):]!r} changed" if k.startswith(UPSTREAM)
+                      else f"{k}: {before.get(k, '<unset>')!r} -> {settings.get(k, '<unset>')!r}" for k in changed[:4])
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
     raise ConfigError(f"stage {stage_dir.name!r} in {stage_dir.parent} was trained under another configuration "
                       f"({shown}{more}): run into a new --out, or delete {stage_dir} (and the stages after it) to "
