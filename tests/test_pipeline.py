@@ -8,6 +8,7 @@ from tether.stages.pipeline import (
     apply_recipe_overrides,
     builtin_recipes,
     load_recipe,
+    plan_recipe,
     resolve_references,
     validate_recipe,
 )
@@ -65,3 +66,10 @@ def test_bad_stage_is_caught_before_running():
         validate_recipe({"stages": [{"name": "a", "type": "nope"}]})
     with pytest.raises(ConfigError, match="not a file"):
         load_recipe("no-such-recipe")
+
+
+def test_the_plan_gives_steps_only_to_stages_that_train(tmp_path):
+    plan = {row["stage"]: row for row in plan_recipe(load_recipe("oaif-arithmetic"), tmp_path / "run")}
+    assert plan["judge"]["steps"] == 3000 and plan["oaif"]["steps"] == 150
+    assert plan["judge_data"]["steps"] is None and plan["judge_eval"]["steps"] is None
+    assert {row["action"] for row in plan.values()} == {"train"}

@@ -52,7 +52,8 @@ from tether.trainers.distributed import DistInfo, init_distributed
 
 log = logging.getLogger(__name__)
 
-NOT_TRAINED = frozenset({"eval", "compare", "gold_data", "judge_data", "generate", "filter", "best_of_n"})
+NOT_TRAINED = frozenset({"eval", "compare", "gold_data", "judge_data", "judge_eval", "generate", "filter", "best_of_n",
+                         "agent_episodes", "agent_eval", "step_labels", "ai_labels"})
 
 __all__ = ["apply_recipe_overrides", "builtin_recipes", "load_recipe", "run_recipe", "validate_recipe"]
 
