@@ -9,7 +9,9 @@ TRL first on odd ones) ``--runs`` times each; a figure is the median of the runs
 ``bf16-mixed`` rows run tether's ``train.precision: bf16-mixed`` against TRL's ``bf16=True`` (and
 bfloat16 decoding on both sides for generation); each bf16 row also gives tether's speed over its own
 float32 row. Around every row the script measures the CPU time other processes used (in cores, over
-one second before and after) and marks a row measured under load when either exceeds 0.25 cores.
+one second before and after, and over the whole row from the machine's busy time less this process's,
+which also counts processes that start and end inside the row) and marks a row measured under load when
+any of the three exceeds 0.25 cores.
 What each side does is in ``workloads.py``: same weights, records, batch size, sequence lengths,
 optimiser, learning rate, number of steps, float32 on CPU, thread count, no gradient
 checkpointing. Each row also carries both loss (or reward) trajectories and whether they agree
@@ -109,6 +111,34 @@ def other_load(seconds: float = 1.0) -> float:
     return sum(max(0.0, t - before.get(pid, t)) for pid, t in after.items()) / seconds
 
 
+class LoadDuring:
+    """Other processes' CPU use (cores) over a block: the machine's busy time (``psutil.cpu_times``: all but
+    idle and iowait) less this process's own, over the block's wall time. Unlike :func:`other_load`'s
+    per-process sums it also counts processes that start and end inside the block."""
+
+    def __enter__(self) -> LoadDuring:
+        import psutil
+
+        self._psutil, self._me = psutil, psutil.Process()
+        self._start = (time.monotonic(), self._busy(), self._own())
+        self.cores = 0.0
+        return self
+
+    def _busy(self) -> float:
+        times = self._psutil.cpu_times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0) \
+            - getattr(times, "guest_nice", 0.0)  # guest time is already inside user time on Linux
+
+    def _own(self) -> float:
+        times = self._me.cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
+
+    def __exit__(self, *exc: object) -> None:
+        wall, busy, own = self._start
+        elapsed = max(time.monotonic() - wall, 1e-9)
+        self.cores = max(0.0, (self._busy() - busy) - (self._own() - own)) / elapsed
+
+
 def matmul_peak(threads: int, size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of the best of ``repeats`` (size x size) @ (size x size) matmuls in ``dtype``."""
     torch.set_num_threads(threads)
@@ -160,14 +190,15 @@ def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int
     names = ("tether", "model.generate") if generation else ("tether", "trl")
     results: dict[str, list[wl.Measurement]] = {n: [] for n in names}
     load_before = other_load()
-    for run in range(runs):
-        for name in names if run % 2 == 0 else names[::-1]:
-            gc.collect()
-            results[name].append(run_once(workload, name, model_dir, spec, threads))
-            torch.set_num_threads(threads)
+    with LoadDuring() as during:
+        for run in range(runs):
+            for name in names if run % 2 == 0 else names[::-1]:
+                gc.collect()
+                results[name].append(run_once(workload, name, model_dir, spec, threads))
+                torch.set_num_threads(threads)
     load_after = other_load()
-    load = {"load_before": load_before, "load_after": load_after,
-            "under_load": max(load_before, load_after) > LOADED_CORES}
+    load = {"load_before": load_before, "load_during": during.cores, "load_after": load_after,
+            "under_load": max(load_before, during.cores, load_after) > LOADED_CORES}
     rows = []
     for metric in METRICS[workload]:
         rates = {n: [m.units[metric] / m.seconds for m in results[n]] for n in names}
@@ -218,7 +249,7 @@ def _num(x: float) -> str:
 def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
     lines = [f"tether {meta['tether']} vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
              f"{meta['threads']} thread(s), {meta['date']}; median of {meta['runs']} alternating runs (min-max). "
-             f"load: other processes' CPU use (cores) before / after the row; rows over {LOADED_CORES} are marked "
+             f"load: other processes' CPU use (cores) before / during / after the row; rows over {LOADED_CORES} are marked "
              "UNDER LOAD.", "",
              "| precision | workload | model | metric | tether | TRL / baseline | ratio | over own fp32 | same work "
              "| load |",
@@ -229,7 +260,8 @@ def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
                                       f"{t['trl_mean']:.3f}, {t['tolerance']})")
         base = "" if r["baseline"] == "trl" else f" ({r['baseline']})"
         own = f"{r['over_own_fp32']:.2f}x" if "over_own_fp32" in r else "-"
-        load = f"{r['load_before']:.2f} / {r['load_after']:.2f}" + (" UNDER LOAD" if r["under_load"] else "")
+        during = f" / {r['load_during']:.2f}" if "load_during" in r else ""
+        load = f"{r['load_before']:.2f}{during} / {r['load_after']:.2f}" + (" UNDER LOAD" if r["under_load"] else "")
         lines.append(f"| {r['precision']} | {r['workload']} | {r['model']} | {r['metric']} | {_num(r['tether'])} "
                      f"({_num(r['tether_min'])}-{_num(r['tether_max'])}) | {_num(r['trl'])} "
                      f"({_num(r['trl_min'])}-{_num(r['trl_max'])}){base} | **{r['ratio']:.2f}x** | {own} | {same} "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         (p, *e) for p in ("fp32", "bf16-mixed") for e in expected}
     for row in rows:
         assert row["load_before"] >= 0 and row["load_after"] >= 0 and isinstance(row["under_load"], bool)
+        assert row["load_during"] >= 0
         if row["precision"] == "bf16-mixed":
             fp32 = next(r for r in rows if r["precision"] == "fp32" and r["workload"] == row["workload"]
                         and r["metric"] == row["metric"])
@@ -80,3 +82,19 @@ def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
         assert ours["matmul_gflop"] == pytest.approx(theirs["matmul_gflop"], rel=0.25)
         assert row["ceiling"] > 0
     assert out.with_suffix(".md").read_text().count("| tiny |") == 2 * len(rows)
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="waits for the burner without reaping it (POSIX waitid)")
+def test_load_during_a_row_counts_a_process_that_starts_and_ends_inside_it():
+    """The before / after samples miss a process that lives only inside the row; the busy-time measure does
+    not. The burner is waited for without being reaped, so its CPU time is not this process's children's."""
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("tether_bench_run", BENCH / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.8:\n    pass"
+    with module.LoadDuring() as during:
+        burner = subprocess.Popen([sys.executable, "-c", burn])
+        os.waitid(os.P_PID, burner.pid, os.WEXITED | os.WNOWAIT)
+    burner.wait()
+    assert during.cores > 0.3
