@@ -98,7 +98,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
             p = r[side]
             ceiling = (f"**{r['ceiling']:.2f}x** ({r['target']:.1f}x)" if side == "tether" and r.get("target")
                        else f"**{r['ceiling']:.2f}x**" if side == "tether" else "")
-            lines.append(f"| {r.get('precision', 'fp32')} | {r['workload']} | {r['model']} | {side} | {p['seconds']:.2f} | {p['matmul_s']:.2f} "
+            lines.append(f"| {r['precision']} | {r['workload']} | {r['model']} | {side} | {p['seconds']:.2f} | {p['matmul_s']:.2f} "
                          f"({p['matmul_s'] / p['seconds']:.0%}) | {p['matmul_gflop']:.1f} | "
                          f"{p['matmul_gflop'] / max(p['matmul_s'], 1e-9):.0f} | {p['attention_s']:.2f} | "
                          f"{p['other_s']:.2f} | {ceiling} |")

@@ -119,19 +119,20 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+UPSTREAM = "upstream."
+
+
 def link_upstream(settings: dict[str, dict[str, Any]]) -> None:
     """Add to each stage's settings (in recipe order) an ``upstream.NAME`` digest of the settings of every
     earlier stage it reads (``@run/NAME...``), so a stage whose input stage changed is not reused: the digest
     covers the input's own inputs, so a change anywhere upstream reaches every stage after it."""
+    earlier: set[str] = set()
     for name, flat in settings.items():
-        earlier = set(list(settings)[: list(settings).index(name)])
         reads = {s.split("/")[1] for s in _strings(list(flat.values())) if s.startswith("@run/")}
         for source in sorted(reads & earlier):
             digest = json.dumps(settings[source], sort_keys=True, default=str).encode()
             flat[f"{UPSTREAM}{source}"] = hashlib.sha256(digest).hexdigest()[:16]
-
-
-UPSTREAM = "upstream."
+        earlier.add(name)
 
 
 def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
