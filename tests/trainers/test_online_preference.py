@@ -14,7 +14,7 @@ from tether.rewards.judge import EndpointJudgeBackend, PairwiseJudge
 from tether.rollout import OpenAIEngine, Rollout
 from tether.serve import BackgroundServer, create_app
 from tether.stages.api import train_online_dpo
-from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer
+from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer, round_updates
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
@@ -165,6 +165,24 @@ def test_self_rewarding_has_the_policy_judge_its_own_samples(tmp_path):
     pairs = [json.loads(x) for x in (tmp_path / "online/rounds/round-000/pairs.jsonl").read_text().splitlines()]
     assert all(p["chosen_score"] > p["rejected_score"] for p in pairs)
     assert results["round_1/pairs"] == len(pairs)
+
+
+def test_round_updates_stop_after_the_set_passes_over_few_pairs():
+    assert round_updates(1, 16, 45, None) == 45  # unset: every step of the round, whatever the pair count
+    assert round_updates(1, 16, 45, 2.0) == 2  # one pair: every step takes it, two passes are two steps
+    assert round_updates(40, 16, 45, 2.0) == 5  # ceil(2 * 40 / 16)
+    assert round_updates(720, 16, 45, 2.0) == 45  # enough pairs: the round's steps, no more
+    assert round_updates(0, 16, 45, 2.0) == 1
+
+
+def test_a_round_with_few_pairs_is_trained_on_them_epochs_per_round_times(tmp_path):
+    model, tokenizer = build_tiny()
+    cfg = config(rounds=2, steps_per_round=6, epochs_per_round=1.0, train={"batch_size": 64, "log_every": 1,
+                                                                          "progress": False})
+    OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction]).fit()
+    assert rounds_logged(tmp_path, "round/updates") == [1, 1]  # fewer pairs than a batch: one pass, one step
+    skipped = rounds_logged(tmp_path, "skipped_updates")
+    assert skipped[-1] == 2 * 5, skipped  # the other 5 steps of each round made no update
 
 
 def test_config_rules():

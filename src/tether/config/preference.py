@@ -232,6 +232,10 @@ class OnlineDPOConfig(PreferenceLossConfig, StageConfig):
                                                          "this many of each round's samples (mismatch/*); 0: off")
     eval_every_rounds: int = Field(1, ge=1, description="held-out evaluation every this many rounds")
     min_pairs: int = Field(1, ge=1, description="a round with fewer pairs makes no update (counted)")
+    epochs_per_round: float | None = Field(None, gt=0, description="a round stops updating after this many "
+                                           "passes over its pairs (the rest of its steps are skipped, counted): "
+                                           "a round with few pairs is not trained on them steps_per_round times; "
+                                           "None: always steps_per_round steps")
     max_length: int = Field(512, ge=8, description="tokens per prompt + response at most")
     pack_length: int = Field(1024, ge=8, description="tokens per packed row")
 
@@ -312,6 +316,11 @@ class JudgeDataConfig(StageConfig):
     template: str = Field("compact-pairwise", description="the judge template (built-in name or file)")
     scale: tuple[float, float] = Field((0.0, 1.0), description="pointwise: the scores of wrong and right")
     sft_n: int = Field(0, ge=0, description="task demonstrations mixed in")
+    sft_think: bool = Field(True, description="the demonstrations with their worked <think> trace; false: the bare "
+                                              "answer (a policy that answers directly)")
+    responses: Literal["traces", "answers"] = Field("traces", description="what the judged responses show: whole "
+                                                                          "worked traces, or only their final answers "
+                                                                          "(to judge a policy that answers directly)")
     solve_first: bool = Field(False, description="the judge works the problem out, marks each response's answer "
                                                  "right or wrong, then gives its verdict")
     ties: float = Field(0.0, ge=0, lt=1, description="pairwise with solve_first: share of records whose verdict is "
@@ -345,3 +354,5 @@ class JudgeEvalConfig(StageConfig):
     task: PreferenceTaskSource = Field(default_factory=lambda: PreferenceTaskSource(eval_n=200),
                                        description="the task; eval_n synthetic held-out pairs (0: none)")
     policy: PolicyPairsConfig | None = Field(None, description="also judge a model's own right and wrong samples")
+    responses: Literal["traces", "answers"] = Field("traces", description="the synthetic pairs' responses: whole "
+                                                                          "worked traces or only their final answers")

@@ -319,7 +319,8 @@ def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
 
 def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], template: str, seed: int = 0,
                   split: str = "train", errors: Sequence[str] | None = None,
-                  scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False, ties: float = 0.0) -> list[dict]:
+                  scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False, ties: float = 0.0,
+                  answers_only: bool = False) -> list[dict]:
     """``n`` SFT records ``{prompt: judge prompt, completion: verdict}`` whose verdicts are known exactly.
 
     Built from ``tether.tasks.preferences`` correctness pairs. Pairwise: the correct completion is
@@ -339,6 +340,9 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
     ``ties`` (pairwise, with ``solve_first``): the share of records whose verdict is a tie, ``[[C]]``:
     half show the correct completion twice, half two different wrong answers, so the judge learns to
     decide only where exactly one response agrees with its own answer.
+
+    ``answers_only``: the judged responses are the completions' final answers, not their worked traces (the
+    judge of a policy that answers directly); the judge's own work is unchanged.
     """
     from tether.tasks.base import THINK_CLOSE, extract_answer
     from tether.tasks.preferences import ERRORS, preference_records
@@ -364,6 +368,8 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
                 else:
                     a, b = pair["rejected"], pair["chosen"].rsplit(THINK_CLOSE, 1)[0] + THINK_CLOSE + other
                 verdict = "C"
+            if answers_only:
+                a, b = extract_answer(a), extract_answer(b)
             reply = verdict
             if solve_first:
                 seen_a, seen_b = extract_answer(a), extract_answer(b)
@@ -374,6 +380,7 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
             continue
         for response, value in ((pair["chosen"], scale[1]), (pair["rejected"], scale[0])):
             seen = extract_answer(response)
+            response = seen if answers_only else response
             reply = (f"Answer:{seen} {work}{answer_check(own, seen)} Score: {_number(value)}" if solve_first
                      else _number(value))
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,

@@ -13,7 +13,7 @@ from tether.core.win_rate import count_swapped_verdicts, verdict_accuracy
 from tether.data.files import write_jsonl_atomic
 from tether.rewards.judge import PairwiseJudge, PointwiseJudge, judge_records
 from tether.tasks import get_task, sft_records
-from tether.tasks.base import draw_problems
+from tether.tasks.base import draw_problems, extract_answer
 from tether.tasks.preferences import preference_records
 from tether.trainers import checkpoint as ckpt
 
@@ -24,10 +24,10 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
     source = cfg.task
     task = get_task(source.name, **source.options)
     common = {"kind": cfg.kind, "template": cfg.template, "seed": source.seed, "errors": source.errors,
-              "scale": cfg.scale, "solve_first": cfg.solve_first}
+              "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers"}
     rows = judge_records(task, source.n, ties=cfg.ties, **common)
     if cfg.sft_n:
-        rows += sft_records(task, cfg.sft_n, seed=source.seed + 1)
+        rows += sft_records(task, cfg.sft_n, seed=source.seed + 1, think=cfg.sft_think)
         random.Random(f"judge-data:{source.seed}").shuffle(rows)
     stage_dir = run_dir / (cfg.name or cfg.type)
     write_jsonl_atomic(stage_dir / "train.jsonl", rows)
@@ -41,11 +41,12 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
 # ---- judge evaluation ------------------------------------------------------------------------------------
 
 
-def synthetic_pairs(task: Any, source: Any) -> list[tuple[str, str, str]]:
+def synthetic_pairs(task: Any, source: Any, *, answers_only: bool = False) -> list[tuple[str, str, str]]:
     """``(prompt, right, wrong)`` from the task's eval split: the right completion against one with a single
-    error (:func:`tether.tasks.preferences.preference_records`)."""
+    error (:func:`tether.tasks.preferences.preference_records`); ``answers_only``: their final answers."""
     records = preference_records(task, source.eval_n, seed=source.seed, split="eval", errors=source.errors)
-    return [(r["prompt"], r["chosen"], r["rejected"]) for r in records]
+    shown = extract_answer if answers_only else str
+    return [(r["prompt"], shown(r["chosen"]), shown(r["rejected"])) for r in records]
 
 
 def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tuple[str, str, str]], dict[str, float]]:
@@ -100,7 +101,7 @@ def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[st
     sources: dict[str, list[tuple[str, str, str]]] = {}
     results: dict[str, float] = {}
     if cfg.task.eval_n:
-        sources["synthetic"] = synthetic_pairs(task, cfg.task)
+        sources["synthetic"] = synthetic_pairs(task, cfg.task, answers_only=cfg.responses == "answers")
     if cfg.policy is not None:
         sources["policy"], sampled = policy_pairs(task, cfg.policy, cfg.task.seed)
         results.update({f"policy/{k}": v for k, v in sampled.items()})

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from contextlib import nullcontext
@@ -298,6 +299,8 @@ class OnlinePreferenceTrainer(Trainer):
             self.ref_model = frozen_copy(self.model)
         self.ref = self.reference_logprobs(r)
         n, size = len(self.pairs), cfg.train.batch_size
+        self.round_updates = round_updates(n, size * cfg.train.grad_accum * self.dist.world_size,
+                                           cfg.steps_per_round, cfg.epochs_per_round)
         if n >= size * cfg.train.grad_accum * self.dist.world_size:
             self.schedule = BatchSchedule(n, batch_size=size, grad_accum=cfg.train.grad_accum,
                                           seed=cfg.train.seed * 1009 + r, rank=self.dist.rank,
@@ -305,6 +308,7 @@ class OnlinePreferenceTrainer(Trainer):
         else:
             self.schedule = None  # fewer pairs than one step takes: every step uses all of them
         figures.update({f"round/dropped_{k}": v for k, v in stats.items() if v})
+        figures["round/updates"] = self.round_updates if n >= cfg.min_pairs else 0
         self.logger.log(self.step, {"round": r, **figures})
         self.results.update({f"round_{r + 1}/{k.removeprefix('round/')}": v for k, v in figures.items()
                              if k in ("round/score_mean", "round/pairs", "judge/consistency", "audit/mean",
@@ -333,13 +337,15 @@ class OnlinePreferenceTrainer(Trainer):
         if r != self.round:
             self.start_round(r)
         metrics: dict[str, Any] = {"round": r}
-        if len(self.pairs) >= cfg.min_pairs:
+        if len(self.pairs) >= cfg.min_pairs and local < self.round_updates:
             groups = self.step_groups(local)
             denominator = self.global_count(sum(len(g) for g in groups))
             metrics.update(self.optimizer_step(groups, lambda g: self.paired_loss(g, denominator)))
-        else:  # an Adam step on one or two pairs is a full-size step on noise
+        elif len(self.pairs) < cfg.min_pairs:  # an Adam step on one or two pairs is a full-size step on noise
             self.skipped_updates += 1
             log.info("%s round %d: %d pairs (< min_pairs %d); no update", self.stage, r, len(self.pairs), cfg.min_pairs)
+        else:  # epochs_per_round passes made: more steps on the same few pairs only push them further apart
+            self.skipped_updates += 1
         metrics["skipped_updates"] = self.skipped_updates
         if local == cfg.steps_per_round - 1:
             self.end_round(r)
@@ -369,6 +375,15 @@ class OnlinePreferenceTrainer(Trainer):
 
 
 # ---- SPIN ----------------------------------------------------------------------------------------------
+
+
+def round_updates(pairs: int, pairs_per_step: int, steps: int, epochs: float | None) -> int:
+    """Optimiser steps a round makes on ``pairs`` pairs: ``steps``, or fewer when ``epochs`` passes over the
+    pairs take fewer (a step takes ``pairs_per_step``, or every pair when there are fewer); at least one."""
+    if epochs is None:
+        return steps
+    per_step = min(pairs, pairs_per_step)
+    return max(1, min(steps, math.ceil(epochs * pairs / max(per_step, 1))))
 
 
 def spin_pairs(prompts: list[str], demos: list[str], generations: list[str]) -> tuple[list[dict], int]:
