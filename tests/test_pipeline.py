@@ -73,3 +73,8 @@ def test_the_plan_gives_steps_only_to_stages_that_train(tmp_path):
     assert plan["judge"]["steps"] == 3000 and plan["oaif"]["steps"] == 150
     assert plan["judge_data"]["steps"] is None and plan["judge_eval"]["steps"] is None
     assert {row["action"] for row in plan.values()} == {"train"}
+    from tether.stages.registry import STAGES
+
+    wrapped = {name for name, t in STAGES.items() if (t.run.__doc__ or "").startswith("The stage of")}
+    assert wrapped <= {name for name, t in STAGES.items() if t.trains_model}  # every train_* stage trains
+    assert not STAGES["judge_eval"].trains_model and STAGES["self_distill"].trains_model

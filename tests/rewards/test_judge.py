@@ -225,3 +225,36 @@ def test_solve_first_replies_mark_each_answer_before_the_verdict():
                                              f"Score: {int(mark == 'right')}")
     with pytest.raises(ValueError, match="ties"):
         judge_records(task, 4, kind="pairwise", template="compact-pairwise", solve_first=True, ties=1.0)
+
+
+def test_answers_only_records_show_the_final_answers_and_keep_the_judges_work():
+    task = get_task("arithmetic", digits=2)
+    traces = judge_records(task, 20, kind="pointwise", template="solve-pointwise", solve_first=True)
+    answers = judge_records(task, 20, kind="pointwise", template="solve-pointwise", solve_first=True,
+                            answers_only=True)
+    for full, bare in zip(traces, answers, strict=True):
+        question, shown = bare["prompt"].split("\n")[1].split("=")
+        assert "<think>" not in bare["prompt"] and shown.isdigit()  # "Judge\n74+35=108\n74+35="
+        assert full["prompt"].split("\n")[1].endswith(f"</think>{shown}")  # the same response, its answer only
+        assert bare["completion"] == full["completion"]  # the judge still works the sum out before scoring
+    pairwise = judge_records(task, 40, kind="pairwise", template="solve-pairwise", solve_first=True, ties=0.5,
+                             answers_only=True)
+    for record in pairwise:
+        a, b = re.search(r"\nA:(\d+)\nB:(\d+)\n", record["prompt"]).groups()
+        assert record["completion"].startswith(f"A:{a} B:{b} <think>")
+
+
+def test_self_rewarding_seed_data_answers_directly(tmp_path):
+    import json
+
+    from tether.config.preference import JudgeDataConfig
+    from tether.stages.judge_data import run_judge_data
+
+    cfg = JudgeDataConfig(name="seed_data", kind="pointwise", template="solve-pointwise", solve_first=True,
+                          responses="answers", sft_n=10, sft_think=False,
+                          task={"name": "arithmetic", "options": {"digits": 2}, "n": 20, "eval_n": 0})
+    assert run_judge_data(cfg, tmp_path, resume=False) == {"records": 30.0, "judge_records": 20.0}
+    rows = [json.loads(line) for line in (tmp_path / "seed_data" / "train.jsonl").read_text().splitlines()]
+    demos = [r for r in rows if not r["prompt"].startswith("Judge")]
+    assert len(demos) == 10 and all(r["completion"] == str(eval(r["prompt"][:-1])) for r in demos)
+    assert all("<think>" not in r["prompt"] for r in rows)

@@ -74,3 +74,12 @@ def test_judge_eval_stage_reports_synthetic_and_policy_figures(tmp_path, judges)
     cfg.task.eval_n = 0
     with pytest.raises(ConfigError, match="no pairs"):
         run_judge_eval(cfg, tmp_path, resume=False)
+
+
+def test_answers_only_synthetic_pairs_are_the_final_answers():
+    task = get_task("arithmetic", digits=2)
+    source = JudgeEvalConfig(judge={"backend": "callable", "model": "m:f"}, task={"eval_n": 20}).task
+    for (prompt, right, wrong), (_, bare_right, bare_wrong) in zip(
+            synthetic_pairs(task, source), synthetic_pairs(task, source, answers_only=True), strict=True):
+        assert right.endswith(f"</think>{bare_right}") and wrong.endswith(f"</think>{bare_wrong}")
+        assert bare_right == _truth(prompt) != bare_wrong

@@ -52,9 +52,6 @@ from tether.trainers.distributed import DistInfo, init_distributed
 
 log = logging.getLogger(__name__)
 
-NOT_TRAINED = frozenset({"eval", "compare", "gold_data", "judge_data", "judge_eval", "generate", "filter", "best_of_n",
-                         "agent_episodes", "agent_eval", "step_labels", "ai_labels"})
-
 __all__ = ["apply_recipe_overrides", "builtin_recipes", "load_recipe", "run_recipe", "validate_recipe"]
 
 
@@ -184,7 +181,7 @@ def plan_recipe(recipe: dict[str, Any], run_dir: str | Path) -> list[dict[str, A
             action = f"resume from {checkpoints[-1].name}"
         else:
             action = "train"
-        steps = None if cfg.type in NOT_TRAINED else cfg.train.max_steps
+        steps = cfg.train.max_steps if STAGE_TYPES.get(cfg.type).trains_model else None
         plan.append({"stage": cfg.name, "type": cfg.type, "model": cfg.model.name_or_path.replace(str(run_dir), "@run"),
                      "steps": steps, "action": action})
     return plan

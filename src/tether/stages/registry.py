@@ -46,6 +46,7 @@ class StageType:
     config_class: type[StageConfig]
     run: StageRun
     description: str = ""
+    trains_model: bool = True  # False: it samples, labels, scores or plots; its train.max_steps means nothing
 
 
 def trains(train: Callable[..., dict[str, float]]) -> StageRun:
@@ -70,7 +71,7 @@ def run_eval(cfg: EvalStageConfig, run_dir: Path, resume: bool) -> dict[str, flo
 STAGES: dict[str, StageType] = {
     "pretrain": StageType(PretrainConfig, trains(api.train_sft), "next-token prediction on raw text"),
     "sft": StageType(SFTConfig, trains(api.train_sft), "supervised fine-tuning with prompt tokens masked"),
-    "eval": StageType(EvalStageConfig, run_eval, "held-out task evaluation of a model"),
+    "eval": StageType(EvalStageConfig, run_eval, "held-out task evaluation of a model", trains_model=False),
     "rm": StageType(RewardModelConfig, trains(api.train_reward_model),
                     "reward model: Bradley-Terry on pairs, or a process RM on labelled steps"),
     "dpo": StageType(DPOConfig, trains(api.train_dpo),
@@ -87,20 +88,22 @@ STAGES: dict[str, StageType] = {
                       "SPIN: DPO iterations, chosen = SFT demonstration, rejected = own generation, "
                       "reference = previous iterate"),
     "judge_data": StageType(JudgeDataConfig, judge_data.run_judge_data,
-                            "synthetic judge training data (known verdicts) for an SFT stage"),
+                            "synthetic judge training data (known verdicts) for an SFT stage", trains_model=False),
     "judge_eval": StageType(JudgeEvalConfig, judge_data.run_judge_eval,
                             "a judge's held-out verdict accuracy and position consistency (synthetic and "
-                            "on-policy pairs)"),
+                            "on-policy pairs)", trains_model=False),
     "agent_sft": StageType(AgentSFTConfig, trains(api.train_agent_sft),
                            "SFT on tool-use demonstrations, observation tokens masked"),
     "agent": StageType(AgentConfig, trains(api.train_agent),
                        "multi-turn tool-use RL (GRPO family, GiGPO), observation tokens masked"),
     "agent_episodes": StageType(AgentEpisodesConfig, agent_episodes.run_agent_episodes,
-                                "sample K episodes per task; pair successes with failures of a task (DMPO's data)"),
+                                "sample K episodes per task; pair successes with failures of a task (DMPO's data)",
+                                trains_model=False),
     "agent_eval": StageType(AgentEvalStageConfig, agent_episodes.run_agent_eval,
-                            "held-out episodes of a model (greedy and sampled success, tool calls)"),
+                            "held-out episodes of a model (greedy and sampled success, tool calls)",
+                            trains_model=False),
     "gold_data": StageType(GoldDataConfig, rlhf.run_gold_data,
-                           "demonstrations and comparisons labelled by a hidden gold reward"),
+                           "demonstrations and comparisons labelled by a hidden gold reward", trains_model=False),
     "overoptimization": StageType(OverOptimizationConfig, rlhf.run_overoptimization,
                                   "reward over-optimisation: PPO at several KL coefficients, gold and proxy reward "
                                   "against KL"),
@@ -109,22 +112,23 @@ STAGES: dict[str, StageType] = {
                         "revisions"),
     "ai_labels": StageType(AILabelsConfig, cai.run_ai_labels,
                            "RLAIF labels: 2 samples per prompt, a pairwise judge against a sampled principle, both "
-                           "orders; judge bias figures"),
+                           "orders; judge bias figures", trains_model=False),
     "rlaif": StageType(RLAIFConfig, cai.run_rlaif,
                        "RL-CAI / RLAIF: PPO or online DPO against the AI-labelled preference model"),
     "generate": StageType(GenerateConfig, distill.run_generate, "sample K completions per prompt into a corpus "
-                                                                 "(resumable)"),
+                                                                 "(resumable)", trains_model=False),
     "filter": StageType(FilterStageConfig, distill.run_filter,
-                        "keep the samples of a corpus worth learning from (verifier, RM, ...)"),
+                        "keep the samples of a corpus worth learning from (verifier, RM, ...)", trains_model=False),
     "step_labels": StageType(StepLabelsConfig, distill.run_step_labels,
                              "label each step of sampled traces against the task's reference traces (a PRM's "
-                             "data from the policy's own samples)"),
+                             "data from the policy's own samples)", trains_model=False),
     "self_distill": StageType(SelfDistillConfig, distill.run_self_distill,
                               "STaR / ReST / RAFT: rounds of generate -> filter -> SFT"),
     "best_of_n": StageType(BestOfNConfig, distill.run_best_of_n_stage,
-                           "held-out best-of-n accuracy against n, per scorer, with a plot"),
+                           "held-out best-of-n accuracy against n, per scorer, with a plot", trains_model=False),
     "compare": StageType(CompareConfig, compare.run_compare,
-                         "a figure of earlier stages' metrics over steps side by side (over seeds: the mean)"),
+                         "a figure of earlier stages' metrics over steps side by side (over seeds: the mean)",
+                         trains_model=False),
 }
 
 STAGE_TYPES: Registry[StageType] = Registry("stage type")
