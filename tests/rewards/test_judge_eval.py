@@ -26,7 +26,9 @@ def _truth(prompt: str) -> str:
 def oracle_pairwise(prompts: list[str]) -> list[str]:
     out = []
     for prompt in prompts:
-        a, b = ANSWER.findall(prompt)
+        shown = {line[:2]: line[2:].rsplit("</think>", 1)[-1].strip() for line in prompt.split("\n")
+                 if line[:2] in ("A:", "B:")}
+        a, b = shown["A:"], shown["B:"]
         truth = _truth(prompt)
         out.append("[[A]]" if a == truth and b != truth else "[[B]]" if b == truth and a != truth else "[[C]]")
     return out
@@ -36,11 +38,21 @@ def oracle_pointwise(prompts: list[str]) -> list[str]:
     return [f"Score: {int(ANSWER.findall(p)[0] == _truth(p))}" for p in prompts]
 
 
+def greater_text(prompts: list[str]) -> list[str]:
+    """Whichever response sorts later as text, in either order: decides every pair of different responses."""
+    out = []
+    for prompt in prompts:
+        shown = {line[:2]: line[2:] for line in prompt.split("\n") if line[:2] in ("A:", "B:")}
+        out.append("[[A]]" if shown["A:"] > shown["B:"] else "[[B]]" if shown["B:"] > shown["A:"] else "[[C]]")
+    return out
+
+
 @pytest.fixture
 def judges(monkeypatch):
     module = types.ModuleType("eval_judges")
     module.oracle_pairwise, module.oracle_pointwise = oracle_pairwise, oracle_pointwise
     module.first_always = lambda prompts: ["[[A]]"] * len(prompts)
+    module.greater_text = greater_text
     monkeypatch.setitem(sys.modules, "eval_judges", module)
 
 
@@ -68,9 +80,13 @@ def test_judge_eval_stage_reports_synthetic_and_policy_figures(tmp_path, judges)
                           policy={"model": str(policy), "n": 8, "samples": 2, "sampling": {"max_new_tokens": 4}})
     results = run_judge_eval(cfg, tmp_path, resume=False)
     assert results["synthetic/verdict_accuracy"] == 1.0 and results["synthetic/pairs"] == 30
-    # an untrained model answers nothing right: it gives no right-and-wrong prompt to judge
+    # an untrained model answers nothing right: it gives no right-and-wrong prompt to judge, only wrong pairs,
+    # which the oracle ties
     assert results["policy/sample_accuracy"] == 0.0 and results["policy/pairs"] == 0.0
+    assert results["policy/wrong_pairs"] > 0 and results["policy_wrong/decisive_rate"] == 0.0
     assert read_done(tmp_path / "judge_eval")["results"] == results
+    cfg.judge.model = "eval_judges:greater_text"  # decides every pair of two different wrong answers
+    assert run_judge_eval(cfg, tmp_path, resume=False)["policy_wrong/decisive_rate"] == 1.0
     cfg.task.eval_n = 0
     with pytest.raises(ConfigError, match="no pairs"):
         run_judge_eval(cfg, tmp_path, resume=False)

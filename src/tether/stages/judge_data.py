@@ -49,9 +49,13 @@ def synthetic_pairs(task: Any, source: Any, *, answers_only: bool = False) -> li
     return [(r["prompt"], shown(r["chosen"]), shown(r["rejected"])) for r in records]
 
 
-def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tuple[str, str, str]], dict[str, float]]:
-    """``(prompt, right, wrong)`` from a model's own samples on held-out prompts: each prompt with a right and a
-    wrong sample (by the task's verifier) gives its first right and first wrong one; and the sample figures."""
+def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[dict[str, list[tuple[str, str, str]]],
+                                                                          dict[str, float]]:
+    """Pairs from a model's own samples on held-out prompts, and the sample figures. ``"policy"``: each prompt
+    with a right and a wrong sample (by the task's verifier) gives ``(prompt, right, wrong)``, its first right
+    and first wrong one. ``"policy_wrong"``: each prompt with two different wrong samples gives ``(prompt,
+    wrong, other wrong)``, pairs a sound judge ties and an online loop would otherwise train on with a wrong
+    answer chosen (OAIF's 2 samples per prompt on the prompts the policy finds hard)."""
     from tether.models import load_model
     from tether.stages.cai import sample_responses
 
@@ -59,15 +63,20 @@ def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[list[tup
     problems = draw_problems(task, cfg.n, seed=seed, split="eval")
     samples = sample_responses(model, tokenizer, [p.prompt for p in problems], cfg.sampling, n=cfg.samples,
                                seed=seed)
-    pairs, correct = [], 0
+    pairs: dict[str, list[tuple[str, str, str]]] = {"policy": [], "policy_wrong": []}
+    correct = 0
     for problem, texts in zip(problems, samples, strict=True):
         verdicts = [task.verify(t, problem.answer) == 1.0 for t in texts]
         right = [t for t, ok in zip(texts, verdicts, strict=True) if ok]
         wrong = [t for t, ok in zip(texts, verdicts, strict=True) if not ok]
         correct += len(right)
         if right and wrong:
-            pairs.append((problem.prompt, right[0], wrong[0]))
-    return pairs, {"sample_accuracy": correct / max(1, sum(map(len, samples))), "pairs": float(len(pairs))}
+            pairs["policy"].append((problem.prompt, right[0], wrong[0]))
+        distinct_wrong = list(dict.fromkeys(wrong))
+        if len(distinct_wrong) >= 2:
+            pairs["policy_wrong"].append((problem.prompt, distinct_wrong[0], distinct_wrong[1]))
+    return pairs, {"sample_accuracy": correct / max(1, sum(map(len, samples))),
+                   "pairs": float(len(pairs["policy"])), "wrong_pairs": float(len(pairs["policy_wrong"]))}
 
 
 def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, str, str]]) -> dict[str, float]:
@@ -89,7 +98,8 @@ def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, 
 
 def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     """Judge the held-out pairs of ``cfg`` (synthetic, and the policy's own with ``cfg.policy``); figures
-    ``synthetic/*`` and ``policy/*`` are the stage's results."""
+    ``synthetic/*``, ``policy/*`` and ``policy_wrong/*`` (how often the judge decides between two wrong
+    answers) are the stage's results."""
     import torch
 
     from tether.scoring import build_judge
@@ -103,16 +113,21 @@ def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[st
     if cfg.task.eval_n:
         sources["synthetic"] = synthetic_pairs(task, cfg.task, answers_only=cfg.responses == "answers")
     if cfg.policy is not None:
-        sources["policy"], sampled = policy_pairs(task, cfg.policy, cfg.task.seed)
+        sampled_pairs, sampled = policy_pairs(task, cfg.policy, cfg.task.seed)
+        sources.update(sampled_pairs)
         results.update({f"policy/{k}": v for k, v in sampled.items()})
-    if not any(sources.values()):
+    if not any(pairs for name, pairs in sources.items() if name != "policy_wrong"):
         raise ConfigError("judge_eval: no pairs to judge (task.eval_n is 0 and the policy gave no right-and-wrong "
                           "prompt)")
     judge = build_judge(cfg.judge, log_dir=stage_dir)
     try:
         for name, pairs in sources.items():
-            if pairs:
-                results.update({f"{name}/{k}": v for k, v in judge_figures(judge, pairs).items()})
+            if not pairs:
+                continue
+            figures = judge_figures(judge, pairs)
+            if name == "policy_wrong":  # both wrong: "accuracy" means nothing, a decided pair is a judge error
+                figures = {k: v for k, v in figures.items() if k in ("decisive_rate", "position_consistency")}
+            results.update({f"{name}/{k}": v for k, v in figures.items()})
     finally:
         judge.close()
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
