@@ -233,7 +233,7 @@ def test_answers_only_records_show_the_final_answers_and_keep_the_judges_work():
     answers = judge_records(task, 20, kind="pointwise", template="solve-pointwise", solve_first=True,
                             answers_only=True)
     for full, bare in zip(traces, answers, strict=True):
-        question, shown = bare["prompt"].split("\n")[1].split("=")
+        shown = bare["prompt"].split("\n")[1].split("=")[1]
         assert "<think>" not in bare["prompt"] and shown.isdigit()  # "Judge\n74+35=108\n74+35="
         assert full["prompt"].split("\n")[1].endswith(f"</think>{shown}")  # the same response, its answer only
         assert bare["completion"] == full["completion"]  # the judge still works the sum out before scoring
