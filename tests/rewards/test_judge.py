@@ -258,3 +258,37 @@ def test_self_rewarding_seed_data_answers_directly(tmp_path):
     demos = [r for r in rows if not r["prompt"].startswith("Judge")]
     assert len(demos) == 10 and all(r["completion"] == str(eval(r["prompt"][:-1])) for r in demos)
     assert all("<think>" not in r["prompt"] for r in rows)
+
+
+def test_judge_records_from_a_policys_own_samples_score_each_by_the_verifier():
+    from tether.rewards.judge import sample_judge_records
+
+    task = get_task("arithmetic", digits=2)
+    samples = [("30+38=", "<think>0+8=8 c0|3+3=6 c0|</think>78", "68"),  # a trace right, its answer wrong
+               ("30+38=", "<think>0+8=8 c0|3+3=6 c0|</think>68", "68")]
+    wrong, right = sample_judge_records(task, samples, template="solve-pointwise", solve_first=True)
+    assert wrong["prompt"] == "Judge\n30+38=<think>0+8=8 c0|3+3=6 c0|</think>78\n30+38="
+    assert wrong["completion"] == "Answer:78 <think>0+8=8 c0|3+3=6 c0|</think>68 6/7x 8/8= wrong Score: 0"
+    assert right["completion"] == "Answer:68 <think>0+8=8 c0|3+3=6 c0|</think>68 6/6= 8/8= right Score: 1"
+    bare = sample_judge_records(task, samples, template="solve-pointwise", scale=(1, 10))
+    assert [r["completion"] for r in bare] == ["1", "10"]
+
+
+def test_judge_data_adds_records_from_the_policys_samples(tmp_path):
+    import json
+
+    from tether.config.preference import JudgeDataConfig
+    from tether.models.tiny import save_tiny
+    from tether.stages.judge_data import run_judge_data
+
+    policy = save_tiny(tmp_path / "untrained")
+    cfg = JudgeDataConfig(name="judge_data", kind="pointwise", template="solve-pointwise", solve_first=True,
+                          policy={"model": str(policy), "n": 6, "samples": 2, "sampling": {"max_new_tokens": 4}},
+                          task={"name": "arithmetic", "options": {"digits": 2}, "n": 10, "eval_n": 0})
+    results = run_judge_data(cfg, tmp_path, resume=False)
+    assert results == {"records": 22.0, "judge_records": 22.0, "policy_records": 12.0}
+    rows = [json.loads(line) for line in (tmp_path / "judge_data" / "train.jsonl").read_text().splitlines()]
+    # the untrained policy answers nothing right: its 12 records all score 0
+    assert sum(r["completion"].endswith("Score: 0") for r in rows) >= 12
+    with pytest.raises(ValueError, match="pointwise"):
+        JudgeDataConfig(kind="pairwise", policy={"model": "m"})

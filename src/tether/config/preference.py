@@ -305,6 +305,16 @@ class SPINConfig(OnlineDPOConfig):
         return self
 
 
+class PolicySamplesConfig(StrictModel):
+    """A policy's own answers to training prompts, labelled by the task's verifier, as judge training records."""
+
+    model: str = Field(..., description="the checkpoint whose samples the judge learns to score (e.g. @sft)")
+    n: int = Field(1000, ge=1, description="training prompts sampled")
+    samples: int = Field(2, ge=1, description="answers sampled per prompt (each one record)")
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.3, max_new_tokens=48),
+                                     description="how the answers are sampled (as the online loop samples)")
+
+
 class JudgeDataConfig(StageConfig):
     """Synthetic judge training data (``judge_records``) written to ``<stage>/train.jsonl`` for an SFT
     stage, optionally mixed with ``sft_n`` task demonstrations (self-rewarding's IFT + EFT seed data)."""
@@ -318,6 +328,8 @@ class JudgeDataConfig(StageConfig):
     sft_n: int = Field(0, ge=0, description="task demonstrations mixed in")
     sft_think: bool = Field(True, description="the demonstrations with their worked <think> trace; false: the bare "
                                               "answer (a policy that answers directly)")
+    policy: PolicySamplesConfig | None = Field(None, description="pointwise: also records from this policy's own "
+                                                                 "samples, scored by the verifier")
     responses: Literal["traces", "answers"] = Field("traces", description="what the judged responses show: whole "
                                                                           "worked traces, or only their final answers "
                                                                           "(to judge a policy that answers directly)")
@@ -330,6 +342,8 @@ class JudgeDataConfig(StageConfig):
     def _ties_need_reasoning(self) -> JudgeDataConfig:
         if self.ties and not (self.solve_first and self.kind == "pairwise"):
             raise ValueError("judge_data: ties needs kind: pairwise and solve_first: true")
+        if self.policy is not None and self.kind != "pointwise":
+            raise ValueError("judge_data: policy samples make pointwise records (kind: pointwise)")
         return self
 
 

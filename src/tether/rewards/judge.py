@@ -317,6 +317,33 @@ def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
     return str(rng.choice(choices))
 
 
+def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, template: str,
+                         scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False) -> list[dict]:
+    """Pointwise judge records from a policy's own ``(prompt, response, gold answer)`` samples, each scored by
+    the task's verifier (``scale[1]`` right, ``scale[0]`` wrong): the judge learns the errors the policy it will
+    judge makes, which synthetic negatives may miss. With ``solve_first`` the reply is
+    ``Answer:<seen> <think>the task's worked solution</think><answer> <digit check> Score: N`` as in
+    :func:`judge_records` (the task needs ``solve(prompt)``)."""
+    from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer
+
+    template_text = load_template(template)
+    solve = getattr(task, "solve", None)
+    if solve_first and solve is None:
+        raise ValueError("solve_first judge records need a task that can solve its prompts (solve(prompt))")
+    out = []
+    for prompt, response, answer in samples:
+        seen = extract_answer(response)
+        value = scale[1] if task.verify(response, answer) == 1.0 else scale[0]
+        reply = _number(value)
+        if solve_first:
+            problem = solve(prompt)
+            work = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
+            reply = f"Answer:{seen} {work} {answer_check(problem.answer, seen)} Score: {_number(value)}"
+        out.append({"prompt": render_template(template_text, prompt=prompt, response=response, scale=scale),
+                    "completion": reply})
+    return out
+
+
 def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], template: str, seed: int = 0,
                   split: str = "train", errors: Sequence[str] | None = None,
                   scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False, ties: float = 0.0,

@@ -11,7 +11,7 @@ from tether.config.base import ConfigError
 from tether.config.preference import JudgeDataConfig, JudgeEvalConfig, PolicyPairsConfig
 from tether.core.win_rate import count_swapped_verdicts, verdict_accuracy
 from tether.data.files import write_jsonl_atomic
-from tether.rewards.judge import PairwiseJudge, PointwiseJudge, judge_records
+from tether.rewards.judge import PairwiseJudge, PointwiseJudge, judge_records, sample_judge_records
 from tether.tasks import get_task, sft_records
 from tether.tasks.base import draw_problems, extract_answer
 from tether.tasks.preferences import preference_records
@@ -19,19 +19,31 @@ from tether.trainers import checkpoint as ckpt
 
 
 def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[str, float]:
-    """Write ``STAGE/train.jsonl`` (``judge_records``, mixed with ``sft_n`` task demonstrations) and, with
+    """Write ``STAGE/train.jsonl`` (``judge_records``, with ``policy`` records from that model's own verifier-scored
+    samples, mixed with ``sft_n`` task demonstrations) and, with
     ``task.eval_n``, held-out ``STAGE/eval.jsonl``; returns the record counts."""
     source = cfg.task
     task = get_task(source.name, **source.options)
     common = {"kind": cfg.kind, "template": cfg.template, "seed": source.seed, "errors": source.errors,
               "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers"}
     rows = judge_records(task, source.n, ties=cfg.ties, **common)
+    sampled = 0
+    if cfg.policy is not None:
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
+        own = policy_samples(task, cfg.policy, seed=source.seed)
+        rows += sample_judge_records(task, own, template=cfg.template, scale=cfg.scale, solve_first=cfg.solve_first)
+        sampled = len(own)
     if cfg.sft_n:
         rows += sft_records(task, cfg.sft_n, seed=source.seed + 1, think=cfg.sft_think)
+    if cfg.sft_n or sampled:
         random.Random(f"judge-data:{source.seed}").shuffle(rows)
     stage_dir = run_dir / (cfg.name or cfg.type)
     write_jsonl_atomic(stage_dir / "train.jsonl", rows)
     results = {"records": float(len(rows)), "judge_records": float(len(rows) - cfg.sft_n)}
+    if sampled:
+        results["policy_records"] = float(sampled)
     if source.eval_n:
         write_jsonl_atomic(stage_dir / "eval.jsonl", judge_records(task, source.eval_n, split="eval", **common))
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
@@ -47,6 +59,19 @@ def synthetic_pairs(task: Any, source: Any, *, answers_only: bool = False) -> li
     records = preference_records(task, source.eval_n, seed=source.seed, split="eval", errors=source.errors)
     shown = extract_answer if answers_only else str
     return [(r["prompt"], shown(r["chosen"]), shown(r["rejected"])) for r in records]
+
+
+def policy_samples(task: Any, cfg: Any, seed: int) -> list[tuple[str, str, str]]:
+    """``(prompt, response, gold answer)`` for ``cfg.samples`` answers of ``cfg.model`` to each of ``cfg.n``
+    training prompts (never the eval split the judge is measured on)."""
+    from tether.models import load_model
+    from tether.stages.cai import sample_responses
+
+    model, tokenizer = load_model(cfg.model)
+    problems = draw_problems(task, cfg.n, seed=seed, split="train")
+    answers = sample_responses(model, tokenizer, [p.prompt for p in problems], cfg.sampling, n=cfg.samples,
+                               seed=seed)
+    return [(p.prompt, text, p.answer) for p, texts in zip(problems, answers, strict=True) for text in texts]
 
 
 def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[dict[str, list[tuple[str, str, str]]],
