@@ -66,6 +66,26 @@ def test_a_field_added_since_the_stage_trained_is_no_change_while_off(tmp_path):
         check_stage_settings(tmp_path / "sft", without_seed)
 
 
+def test_a_field_added_at_its_declared_default_is_no_change(tmp_path):
+    """A field added since the stage trained (here judge_data's ``responses`` and ``sft_think``, recorded
+    without them) is no change at the default it declares, which keeps what configurations without it did;
+    at any other value it is."""
+    from tether.config.preference import JudgeDataConfig
+
+    cfg = JudgeDataConfig(name="judge_data", kind="pointwise", template="solve-pointwise")
+    settings = stage_settings(cfg, tmp_path)
+    assert settings["responses"] == "traces" and settings["sft_think"] is True
+    record_stage_settings(tmp_path / "judge_data", {k: v for k, v in settings.items()
+                                                    if k not in ("responses", "sft_think", "task.errors")})
+    with pytest.raises(ConfigError, match="task.errors"):  # a nested key: its class's default is checked
+        check_stage_settings(tmp_path / "judge_data", {**settings, "task.errors": ["slip"]}, JudgeDataConfig)
+    check_stage_settings(tmp_path / "judge_data", settings, JudgeDataConfig)
+    with pytest.raises(ConfigError, match=r"responses: '<unset>' -> 'answers'"):
+        check_stage_settings(tmp_path / "judge_data", {**settings, "responses": "answers"}, JudgeDataConfig)
+    with pytest.raises(ConfigError, match="responses"):  # without the class, every new key still counts
+        check_stage_settings(tmp_path / "judge_data", settings)
+
+
 def test_a_finished_stage_without_recorded_settings_is_reused_with_a_warning(tmp_path, caplog):
     """Stages trained before settings were recorded cannot be checked: they are reused, and the log says so
     (a rerun into an old directory once reused such a stage under a changed configuration unseen)."""

@@ -160,7 +160,7 @@ def checked_settings(configs: list[StageConfig], run_dir: Path) -> dict[str, dic
     settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
     link_upstream(settings)
     for cfg in configs:
-        check_stage_settings(run_dir / cfg.name, settings[cfg.name])
+        check_stage_settings(run_dir / cfg.name, settings[cfg.name], type(cfg))
     return settings
 
 

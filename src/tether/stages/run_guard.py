@@ -135,10 +135,13 @@ def link_upstream(settings: dict[str, dict[str, Any]]) -> None:
         earlier.add(name)
 
 
-def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
+def check_stage_settings(stage_dir: Path, settings: dict[str, Any],
+                         config_class: type[StageConfig] | None = None) -> None:
     """ConfigError, in one line naming the changed keys and the ways forward, when the stage was trained (or
     started) under other settings or its input stages were (``link_upstream``); nothing when it was not, or
-    when it predates the record (a record without input digests is checked on its own keys only)."""
+    when it predates the record (a record without input digests is checked on its own keys only). With
+    ``config_class``, a key the record lacks whose value is that field's declared default is no change: a
+    field added to tether since, whose default keeps what configurations without it did."""
     path = stage_dir / STAGE_CONFIG_FILE
     if not path.exists():
         if (stage_dir / "stage.json").exists():
@@ -149,7 +152,8 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
     if not any(k.startswith(UPSTREAM) for k in before):
         settings = {k: v for k, v in settings.items() if not k.startswith(UPSTREAM)}
     changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>")
-                     and not _field_added_or_removed_while_off(k, before, settings))
+                     and not _field_added_or_removed_while_off(k, before, settings)
+                     and not (k not in before and _is_declared_default(config_class, k, settings[k])))
     if not changed:
         return
     shown = ", ".join(f"its input stage {k[len(UPSTREAM):]!r} changed" if k.startswith(UPSTREAM)
@@ -168,6 +172,28 @@ def _field_added_or_removed_while_off(key: str, before: dict[str, Any], settings
         return False
     value = before[key] if key in before else settings[key]
     return value is None or value is False or value in ([], {}, "")
+
+
+def _is_declared_default(config_class: type[StageConfig] | None, key: str, value: Any) -> bool:
+    """Whether ``value`` is the default the field at dotted ``key`` declares in ``config_class`` (nested
+    configuration classes followed through optional and union annotations)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    model: Any = config_class
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        field = getattr(model, "model_fields", {}).get(part) if model is not None else None
+        if field is None:
+            return False
+        if i == len(parts) - 1:
+            default = field.get_default(call_default_factory=True)
+            dumped = default.model_dump(mode="json") if isinstance(default, BaseModel) else default
+            return json.dumps(dumped, sort_keys=True, default=str) == json.dumps(value, sort_keys=True, default=str)
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return False
 
 
 def record_stage_settings(stage_dir: Path, settings: dict[str, Any]) -> None:
