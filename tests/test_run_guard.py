@@ -77,7 +77,7 @@ def test_a_field_added_at_its_declared_default_is_no_change(tmp_path):
     assert settings["responses"] == "traces" and settings["sft_think"] is True
     record_stage_settings(tmp_path / "judge_data", {k: v for k, v in settings.items()
                                                     if k not in ("responses", "sft_think", "task.errors")})
-    with pytest.raises(ConfigError, match="task.errors"):  # a nested key: its class's default is checked
+    with pytest.raises(ConfigError, match=r"task\.errors"):  # a nested key: its class's default is checked
         check_stage_settings(tmp_path / "judge_data", {**settings, "task.errors": ["slip"]}, JudgeDataConfig)
     check_stage_settings(tmp_path / "judge_data", settings, JudgeDataConfig)
     with pytest.raises(ConfigError, match=r"responses: '<unset>' -> 'answers'"):
