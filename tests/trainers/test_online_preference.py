@@ -237,8 +237,12 @@ def test_oaif_arithmetic_recipe_judges_over_http(tmp_path):
 
 @pytest.mark.slow
 def test_self_rewarding_recipe_runs_with_the_policy_as_judge(tmp_path):
-    figures = _run("self-rewarding", tmp_path)["self_rewarding"]
+    results = _run("self-rewarding", tmp_path)
+    judge, figures = results["judge_eval"], results["self_rewarding"]
+    # EFT on its own answers: the seed model judges its samples soundly and ties two wrong answers
+    assert judge["policy/decisive_accuracy"] >= 0.95 and judge["policy_wrong/decisive_rate"] <= 0.1, judge
     assert figures["accuracy"] > 0 and figures["round_1/pairs"] > 0
+    assert figures["round_1/audit/pair_agreement"] >= 0.95, figures
 
 
 def test_every_round_logs_the_sampler_trainer_mismatch(tmp_path):
