@@ -292,3 +292,41 @@ def test_judge_data_adds_records_from_the_policys_samples(tmp_path):
     assert sum(r["completion"].endswith("Score: 0") for r in rows) >= 12
     with pytest.raises(ValueError, match="pointwise"):
         JudgeDataConfig(kind="pairwise", policy={"model": "m"})
+
+
+def test_inverse_check_records_add_the_answer_back_and_agree_with_the_verifier():
+    from tether.rewards.judge import sample_judge_records
+
+    task = get_task("arithmetic", digits=2, operators="-", nonnegative=True)
+    records = judge_records(task, 200, kind="pointwise", template="solve-pointwise", solve_first=True,
+                            check="inverse", errors=["slip", "answer"])
+    for record in records:
+        problem = record["prompt"].split("\n")[2]  # "Judge\n74-35=<trace>38\n74-35="
+        a, b = map(int, problem[:-1].split("-"))
+        seen = int(re.match(r"Answer:(\d+) ", record["completion"])[1])
+        total = re.search(r"</think>(\d+) ", record["completion"])[1]
+        assert int(total) == seen + b  # the judge's work is the answer plus b, not the subtraction
+        assert record["completion"].endswith(f"Score: {int(seen == a - b)}")
+    assert {r["completion"][-1] for r in records} == {"0", "1"}
+    samples = [("132-47=", "<think>x</think>85", "85"), ("132-47=", "<think>x</think>84", "85"),
+               ("132-47=", "<think>x</think>8a", "85")]
+    right, wrong, unreadable = (r["completion"] for r in sample_judge_records(
+        task, samples, template="solve-pointwise", solve_first=True, check="inverse"))
+    assert right == "Answer:85 <think>5+7=12 c1|8+4+1=13 c1|</think>132 1/1= 3/3= 2/2= right Score: 1"
+    assert wrong == "Answer:84 <think>4+7=11 c1|8+4+1=13 c1|</think>131 1/1= 3/3= 2/1x wrong Score: 0"
+    assert unreadable == "Answer:8a not a number wrong Score: 0"
+
+
+def test_inverse_check_needs_a_task_with_one_and_pointwise_records():
+    from tether.config.preference import JudgeDataConfig
+
+    task = get_task("arithmetic", digits=2, operators="-")
+    with pytest.raises(ValueError, match="pointwise"):
+        judge_records(task, 4, kind="pairwise", template="solve-pairwise", solve_first=True, check="inverse")
+    with pytest.raises(ValueError, match="solve_first"):
+        judge_records(task, 4, kind="pointwise", template="solve-pointwise", check="inverse")
+    with pytest.raises(ValueError, match="inverse check"):
+        judge_records(get_task("multiplication"), 4, kind="pointwise", template="solve-pointwise",
+                      solve_first=True, check="inverse")
+    with pytest.raises(ValueError, match="check 'inverse' needs"):
+        JudgeDataConfig(kind="pairwise", solve_first=True, check="inverse")

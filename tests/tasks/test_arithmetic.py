@@ -3,7 +3,7 @@ import random
 import pytest
 
 from tether.tasks import draw_problems, eval_records, get_task, pretrain_records, rl_records, sft_records
-from tether.tasks.arithmetic import addition_trace, subtraction_trace
+from tether.tasks.arithmetic import Arithmetic, addition_trace, subtraction_trace
 
 
 def test_addition_trace_by_hand():
@@ -123,3 +123,28 @@ def test_letter_digits_prompts_answers_and_pretraining_text():
     assert get_task("arithmetic", digits=3, letter_digits=0.0).sample(random.Random(0)).prompt[0].isdigit()
     with pytest.raises(ValueError, match="letter_digits"):
         get_task("arithmetic", letter_digits=1.5)
+
+
+def test_nonnegative_subtraction_and_its_inverse_check():
+    import random
+
+    task = Arithmetic(digits=2, operators="-", nonnegative=True)
+    rng = random.Random(0)
+    problems = [task.sample(rng) for _ in range(300)]
+    assert all(int(p.answer) >= 0 for p in problems)
+    assert any(int(p.answer) < 0 for p in (Arithmetic(digits=2, operators="-").sample(rng) for _ in range(50)))
+    for p in problems:
+        steps, total, target = task.check(p.prompt, p.answer)
+        assert total == target == p.prompt.split("-")[0] and steps.count("|") >= 1
+        _, off, _ = task.check(p.prompt, str(int(p.answer) + 1))
+        assert off != target
+    assert task.check("12-47=", "-35") == ("7-5=2 b0|4-3=1 b0|", "12", "12")  # -35 + 47, as 47 - 35
+    assert task.check("12-47=", "35") == ("5+7=12 c1|3+4+1=8 c0|", "82", "12")
+    assert task.check("12-47=", "3x") is None
+    plus = Arithmetic(digits=2)
+    assert plus.check("47+85=", "132") == ("2-5=7 b1|3-8-1=4 b1|1-0-1=0 b0|", "47", "47")
+    assert plus.check("47+85=", "-1") is None
+    with pytest.raises(ValueError, match="inverse check for"):
+        Arithmetic(digits=2, operators="*").check("12*3=", "36")
+    with pytest.raises(ValueError, match="not a digit-operand prompt"):
+        plus.check("hello", "1")

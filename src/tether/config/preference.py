@@ -337,9 +337,15 @@ class JudgeDataConfig(StageConfig):
                                                  "right or wrong, then gives its verdict")
     ties: float = Field(0.0, ge=0, lt=1, description="pairwise with solve_first: share of records whose verdict is "
                                                      "a tie (both responses right, or both wrong)")
+    check: Literal["solve", "inverse"] = Field("solve", description="with solve_first, how the judge tests an "
+                                               "answer: solve the problem and compare, or 'inverse': work the "
+                                               "answer back through the inverse operation (pointwise; the task "
+                                               "needs check(prompt, answer))")
 
     @model_validator(mode="after")
     def _ties_need_reasoning(self) -> JudgeDataConfig:
+        if self.check == "inverse" and not (self.solve_first and self.kind == "pointwise"):
+            raise ValueError("judge_data: check 'inverse' needs kind: pointwise and solve_first: true")
         if self.ties and not (self.solve_first and self.kind == "pairwise"):
             raise ValueError("judge_data: ties needs kind: pairwise and solve_first: true")
         if self.policy is not None and self.kind != "pointwise":

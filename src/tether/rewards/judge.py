@@ -309,6 +309,29 @@ def answer_check(own: str, seen: str) -> str:
     return f"{digits} {'right' if own == seen else 'wrong'}"
 
 
+def inverse_check(task: Any, prompt: str, seen: str) -> str:
+    """The judge's work on an answer ``seen`` by the task's inverse check (``task.check``) instead of solving:
+    ``Answer:85 <think>5+7=12 c1|8+4+1=13 c1|</think>132 1/1= 3/3= 2/2= right`` for ``132-47=`` (85 plus 47,
+    column by column, gives 132, compared digit by digit with the prompt's 132). A judge that checks this way
+    can be right about answers it could not produce itself (Yuan et al.'s self-rewarding needs a judge at
+    least as good as the policy). An answer that is not a number is marked ``not a number wrong``."""
+    from tether.tasks.base import THINK_CLOSE, THINK_OPEN
+
+    checked = task.check(prompt, seen)
+    if checked is None:
+        return f"Answer:{seen} not a number wrong"
+    steps, result, target = checked
+    return f"Answer:{seen} {THINK_OPEN}{steps}{THINK_CLOSE}{result} {answer_check(target, result)}"
+
+
+def _check_judge_task(task: Any, solve_first: bool, check: str) -> None:
+    if check not in ("solve", "inverse"):
+        raise ValueError(f"check must be 'solve' or 'inverse', got {check!r}")
+    if check == "inverse" and not (solve_first and hasattr(task, "check")):
+        raise ValueError(f"check 'inverse' needs solve_first and a task with an inverse check (check(prompt, "
+                         f"answer)); {getattr(task, 'name', task)!r} has none")
+
+
 def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
     """An integer answer that is neither ``correct`` nor ``wrong`` (None when the answers are not integers)."""
     if not (correct.isdigit() and wrong.lstrip("-").isdigit()):
@@ -318,14 +341,16 @@ def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
 
 
 def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, template: str,
-                         scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False) -> list[dict]:
+                         scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False,
+                         check: str = "solve") -> list[dict]:
     """Pointwise judge records from a policy's own ``(prompt, response, gold answer)`` samples, each scored by
     the task's verifier (``scale[1]`` right, ``scale[0]`` wrong): the judge learns the errors the policy it will
     judge makes, which synthetic negatives may miss. With ``solve_first`` the reply is
     ``Answer:<seen> <think>the task's worked solution</think><answer> <digit check> Score: N`` as in
-    :func:`judge_records` (the task needs ``solve(prompt)``)."""
+    :func:`judge_records` (the task needs ``solve(prompt)``); ``check="inverse"``: :func:`inverse_check`."""
     from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer
 
+    _check_judge_task(task, solve_first, check)
     template_text = load_template(template)
     solve = getattr(task, "solve", None)
     if solve_first and solve is None:
@@ -335,7 +360,9 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
         seen = extract_answer(response)
         value = scale[1] if task.verify(response, answer) == 1.0 else scale[0]
         reply = _number(value)
-        if solve_first:
+        if check == "inverse":
+            reply = f"{inverse_check(task, prompt, seen)} Score: {_number(value)}"
+        elif solve_first:
             problem = solve(prompt)
             work = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
             reply = f"Answer:{seen} {work} {answer_check(problem.answer, seen)} Score: {_number(value)}"
@@ -347,7 +374,7 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
 def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], template: str, seed: int = 0,
                   split: str = "train", errors: Sequence[str] | None = None,
                   scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False, ties: float = 0.0,
-                  answers_only: bool = False) -> list[dict]:
+                  answers_only: bool = False, check: str = "solve") -> list[dict]:
     """``n`` SFT records ``{prompt: judge prompt, completion: verdict}`` whose verdicts are known exactly.
 
     Built from ``tether.tasks.preferences`` correctness pairs. Pairwise: the correct completion is
@@ -370,12 +397,18 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
 
     ``answers_only``: the judged responses are the completions' final answers, not their worked traces (the
     judge of a policy that answers directly); the judge's own work is unchanged.
+
+    ``check="inverse"`` (pointwise, with ``solve_first``): the judge does not solve the problem but checks each
+    answer by the task's inverse operation (:func:`inverse_check`), where checking is easier than answering.
     """
     from tether.tasks.base import THINK_CLOSE, extract_answer
     from tether.tasks.preferences import ERRORS, preference_records
 
     if not 0.0 <= ties < 1.0:
         raise ValueError(f"ties must be in [0, 1), got {ties}")
+    _check_judge_task(task, solve_first, check)
+    if check == "inverse" and kind != "pointwise":
+        raise ValueError("check 'inverse' judge records are pointwise (each answer is checked on its own)")
     template_text = load_template(template)
     pairs = preference_records(task, n if kind == "pairwise" else (n + 1) // 2, seed=seed, split=split,
                                errors=errors or ERRORS)
@@ -408,8 +441,12 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
         for response, value in ((pair["chosen"], scale[1]), (pair["rejected"], scale[0])):
             seen = extract_answer(response)
             response = seen if answers_only else response
-            reply = (f"Answer:{seen} {work}{answer_check(own, seen)} Score: {_number(value)}" if solve_first
-                     else _number(value))
+            if check == "inverse":
+                reply = f"{inverse_check(task, pair['prompt'], seen)} Score: {_number(value)}"
+            elif solve_first:
+                reply = f"Answer:{seen} {work}{answer_check(own, seen)} Score: {_number(value)}"
+            else:
+                reply = _number(value)
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,
                                                   scale=scale),
                         "completion": reply})

@@ -25,7 +25,7 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
     source = cfg.task
     task = get_task(source.name, **source.options)
     common = {"kind": cfg.kind, "template": cfg.template, "seed": source.seed, "errors": source.errors,
-              "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers"}
+              "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers", "check": cfg.check}
     rows = judge_records(task, source.n, ties=cfg.ties, **common)
     sampled = 0
     if cfg.policy is not None:
@@ -33,7 +33,8 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
 
         torch.set_num_threads(cfg.train.threads)
         own = policy_samples(task, cfg.policy, seed=source.seed)
-        rows += sample_judge_records(task, own, template=cfg.template, scale=cfg.scale, solve_first=cfg.solve_first)
+        rows += sample_judge_records(task, own, template=cfg.template, scale=cfg.scale, solve_first=cfg.solve_first,
+                                     check=cfg.check)
         sampled = len(own)
     if cfg.sft_n:
         rows += sft_records(task, cfg.sft_n, seed=source.seed + 1, think=cfg.sft_think)

@@ -76,12 +76,13 @@ class LetterProblem(Problem):
 
 class Arithmetic:
     """``a op b`` with operands of ``min_digits``..``digits`` digits; verifier: exact integer match.
-    ``letter_digits``: the share of prompts written in the letter digits A-J (see the module docstring)."""
+    ``letter_digits``: the share of prompts written in the letter digits A-J (see the module docstring).
+    ``nonnegative``: a subtraction's larger operand comes first, so no answer is negative."""
 
     name = "arithmetic"
 
     def __init__(self, digits: int = 2, min_digits: int = 1, operators: str = "+",
-                 pretrain_format: str = "equation", letter_digits: float = 0.0) -> None:
+                 pretrain_format: str = "equation", letter_digits: float = 0.0, nonnegative: bool = False) -> None:
         if not 1 <= min_digits <= digits <= 12:
             raise ValueError(f"need 1 <= min_digits <= digits <= 12, got min_digits={min_digits}, digits={digits}")
         if not operators or any(op not in OPERATORS for op in operators):
@@ -91,7 +92,7 @@ class Arithmetic:
         if not 0.0 <= letter_digits <= 1.0:
             raise ValueError(f"letter_digits is the share of prompts in letter digits, in [0, 1]; got {letter_digits}")
         self.digits, self.min_digits, self.operators = digits, min_digits, operators
-        self.pretrain_format, self.letter_digits = pretrain_format, letter_digits
+        self.pretrain_format, self.letter_digits, self.nonnegative = pretrain_format, letter_digits, nonnegative
 
     def _operand(self, rng: random.Random) -> int:
         n_digits = rng.randint(self.min_digits, self.digits)
@@ -100,6 +101,8 @@ class Arithmetic:
 
     def sample(self, rng: random.Random) -> Problem:
         a, b, op = self._operand(rng), self._operand(rng), rng.choice(self.operators)
+        if op == "-" and self.nonnegative and a < b:
+            a, b = b, a
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
         prompt = f"{a}{op}{b}="
         if self.letter_digits and rng.random() < self.letter_digits:  # no draw at 0: the same problems as before
@@ -117,6 +120,30 @@ class Arithmetic:
         canonical = f"{a}{op}{b}="
         return Problem(prompt=canonical if match[1].isdigit() else canonical.translate(_TO_LETTERS),
                        answer=str(result), reasoning=TRACES[op](a, b))
+
+    def check(self, prompt: str, answer: str) -> tuple[str, str, str] | None:
+        """The inverse check of a candidate ``answer`` to ``prompt``, the check that is easier than solving
+        when answering needs another procedure: for ``a-b=`` the answer plus ``b`` worked out column by column
+        must give ``a``; for ``a+b=`` the answer minus ``b``. Returns ``(worked steps, what they give, a)``;
+        the answer is right exactly when the last two agree. None when the answer is not an integer (a wrong
+        answer). ``*`` has no such check here (long division is not easier than the product): ValueError."""
+        problem = self.solve(prompt)
+        match = re.fullmatch(r"\s*(\d+)([+*-])(\d+)=\s*", problem.prompt if problem else "")
+        if match is None:
+            raise ValueError(f"arithmetic check: not a digit-operand prompt of this task: {prompt!r}")
+        a, op, b = int(match[1]), match[2], int(match[3])
+        if op == "*":
+            raise ValueError("arithmetic check: no inverse check for '*' (use the judge that solves the problem)")
+        given = answer.replace(",", "").replace(" ", "")
+        if not re.fullmatch(r"-?\d+", given):
+            return None
+        value = int(given)
+        if op == "-":  # value + b, worked as a subtraction when value is negative
+            steps = addition_trace(value, b) if value >= 0 else subtraction_trace(b, -value)
+            return steps, str(value + b), str(a)
+        if value < 0:  # a sum of non-negative operands: a negative answer is wrong, and value - b has no trace
+            return None
+        return subtraction_trace(value, b), str(value - b), str(a)
 
     def verify(self, completion: str, answer: str) -> float:
         """1.0 when the text after ``</think>`` is exactly the integer answer, else 0.0."""
