@@ -324,9 +324,11 @@ def inverse_check(task: Any, prompt: str, seen: str) -> str:
     return f"Answer:{seen} {THINK_OPEN}{steps}{THINK_CLOSE}{result} {answer_check(target, result)}"
 
 
-def _check_judge_task(task: Any, solve_first: bool, check: str) -> None:
+def _check_judge_task(task: Any, solve_first: bool, check: str, kind: str) -> None:
     if check not in ("solve", "inverse"):
         raise ValueError(f"check must be 'solve' or 'inverse', got {check!r}")
+    if check == "inverse" and kind != "pointwise":
+        raise ValueError("check 'inverse' judge records are pointwise (each answer is checked on its own)")
     if check == "inverse" and not (solve_first and hasattr(task, "check")):
         raise ValueError(f"check 'inverse' needs solve_first and a task with an inverse check (check(prompt, "
                          f"answer)); {getattr(task, 'name', task)!r} has none")
@@ -350,7 +352,7 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
     :func:`judge_records` (the task needs ``solve(prompt)``); ``check="inverse"``: :func:`inverse_check`."""
     from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer
 
-    _check_judge_task(task, solve_first, check)
+    _check_judge_task(task, solve_first, check, "pointwise")
     template_text = load_template(template)
     solve = getattr(task, "solve", None)
     if solve_first and solve is None:
@@ -406,9 +408,7 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
 
     if not 0.0 <= ties < 1.0:
         raise ValueError(f"ties must be in [0, 1), got {ties}")
-    _check_judge_task(task, solve_first, check)
-    if check == "inverse" and kind != "pointwise":
-        raise ValueError("check 'inverse' judge records are pointwise (each answer is checked on its own)")
+    _check_judge_task(task, solve_first, check, kind)
     template_text = load_template(template)
     pairs = preference_records(task, n if kind == "pairwise" else (n + 1) // 2, seed=seed, split=split,
                                errors=errors or ERRORS)

@@ -25,7 +25,8 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
     source = cfg.task
     task = get_task(source.name, **source.options)
     common = {"kind": cfg.kind, "template": cfg.template, "seed": source.seed, "errors": source.errors,
-              "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers", "check": cfg.check}
+              "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers",
+              "check": cfg.check}
     rows = judge_records(task, source.n, ties=cfg.ties, **common)
     sampled = 0
     if cfg.policy is not None:

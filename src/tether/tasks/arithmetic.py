@@ -112,14 +112,22 @@ class Arithmetic:
     def solve(self, prompt: str) -> Problem | None:
         """The problem a prompt such as ``47+85=`` (or ``EH+IF=`` in letter digits) states, with its answer and
         worked steps (in digits); None when the prompt is not one this task writes."""
+        parsed = self._parse(prompt)
+        if parsed is None:
+            return None
+        a, op, b, in_letters = parsed
+        result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        canonical = f"{a}{op}{b}="
+        return Problem(prompt=canonical.translate(_TO_LETTERS) if in_letters else canonical,
+                       answer=str(result), reasoning=TRACES[op](a, b))
+
+    def _parse(self, prompt: str) -> tuple[int, str, int, bool] | None:
+        """``(a, op, b, in letter digits)`` of a prompt this task writes; None for any other text."""
         match = re.fullmatch(r"\s*(\d+|[A-J]+)([+*-])(\d+|[A-J]+)=\s*", prompt)
         if match is None or match[2] not in self.operators or match[1].isdigit() != match[3].isdigit():
             return None
-        a, op, b = int(match[1].translate(_FROM_LETTERS)), match[2], int(match[3].translate(_FROM_LETTERS))
-        result = {"+": a + b, "-": a - b, "*": a * b}[op]
-        canonical = f"{a}{op}{b}="
-        return Problem(prompt=canonical if match[1].isdigit() else canonical.translate(_TO_LETTERS),
-                       answer=str(result), reasoning=TRACES[op](a, b))
+        return int(match[1].translate(_FROM_LETTERS)), match[2], int(match[3].translate(_FROM_LETTERS)), \
+            not match[1].isdigit()
 
     def check(self, prompt: str, answer: str) -> tuple[str, str, str] | None:
         """The inverse check of a candidate ``answer`` to ``prompt``, the check that is easier than solving
@@ -127,11 +135,10 @@ class Arithmetic:
         must give ``a``; for ``a+b=`` the answer minus ``b``. Returns ``(worked steps, what they give, a)``;
         the answer is right exactly when the last two agree. None when the answer is not an integer (a wrong
         answer). ``*`` has no such check here (long division is not easier than the product): ValueError."""
-        problem = self.solve(prompt)
-        match = re.fullmatch(r"\s*(\d+)([+*-])(\d+)=\s*", problem.prompt if problem else "")
-        if match is None:
-            raise ValueError(f"arithmetic check: not a digit-operand prompt of this task: {prompt!r}")
-        a, op, b = int(match[1]), match[2], int(match[3])
+        parsed = self._parse(prompt)
+        if parsed is None:
+            raise ValueError(f"arithmetic check: not a prompt of this task: {prompt!r}")
+        a, op, b, _ = parsed
         if op == "*":
             raise ValueError("arithmetic check: no inverse check for '*' (use the judge that solves the problem)")
         given = answer.replace(",", "").replace(" ", "")
