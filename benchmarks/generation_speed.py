@@ -8,10 +8,14 @@ and the tokens actually generated are counted on both sides (up to and including
 * ``ragged``: a bias on the EOS logit makes rows stop at different steps (early stop, compaction).
 * ``grouped``: ``batch / group`` prompts x ``group`` samples each (``num_return_sequences``), EOS
   ignored: HFEngine prefills each distinct prompt once.
+* ``queued``: ``--queue`` x ``batch`` prompts, ragged EOS, at most ``batch`` decoded together: HFEngine
+  in chunks, HFEngine with continuous batching (a finished row takes the next waiting prompt), and
+  ``model.generate`` chunk by chunk.
 
 Runs alternate between the two so background load hits both alike; best and median are printed.
 
-    python benchmarks/generation_speed.py [--batch 64] [--new-tokens 32] [--threads 1] [--repeats 7]
+    python benchmarks/generation_speed.py [--model tiny|small] [--batch 64] [--new-tokens 32] [--threads 1]
+        [--repeats 7] [--queue 4] [--scenario full|ragged|grouped|queued|all]
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 from tether.models.tiny import build_tiny
 from tether.rollout import HFEngine, SamplingParams
 
-SCENARIOS = ("full", "ragged", "grouped")
+SCENARIOS = ("full", "ragged", "grouped", "queued")
 
 
 def make_prompts(tokenizer, batch: int, seed: int = 0) -> list[list[int]]:
@@ -49,9 +53,11 @@ def engine_runner(engine: HFEngine, prompts, new_tokens: int, n: int = 1):
     return go
 
 
-def hf_generate_runner(model, tokenizer, prompts, new_tokens: int, ignore_eos: bool, n: int = 1):
-    enc = tokenizer.pad([{"input_ids": p} for p in prompts], padding_side="left", return_tensors="pt")
-    width = enc["input_ids"].shape[1]
+def hf_generate_runner(model, tokenizer, prompts, new_tokens: int, ignore_eos: bool, n: int = 1,
+                       chunk: int | None = None):
+    chunk = chunk or len(prompts)
+    encoded = [tokenizer.pad([{"input_ids": p} for p in prompts[i : i + chunk]], padding_side="left",
+                             return_tensors="pt") for i in range(0, len(prompts), chunk)]
     kwargs = dict(
         do_sample=True, max_new_tokens=new_tokens, top_k=0, top_p=1.0, temperature=1.0, num_return_sequences=n
     )
@@ -59,13 +65,16 @@ def hf_generate_runner(model, tokenizer, prompts, new_tokens: int, ignore_eos: b
         kwargs["min_new_tokens"] = new_tokens
 
     def go() -> int:
-        with torch.inference_mode():
-            out = model.generate(**enc, **kwargs)
-        completion = out[:, width:]
-        # count up to and including the first EOS of each row, as HFEngine does
-        is_eos = completion == tokenizer.eos_token_id
-        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion.shape[1])
-        return int(first.sum())
+        total = 0
+        for enc in encoded:
+            with torch.inference_mode():
+                out = model.generate(**enc, **kwargs)
+            completion = out[:, enc["input_ids"].shape[1]:]
+            # count up to and including the first EOS of each row, as HFEngine does
+            is_eos = completion == tokenizer.eos_token_id
+            first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion.shape[1])
+            total += int(first.sum())
+        return total
 
     return go
 
@@ -95,26 +104,28 @@ def add_eos_bias(model, eos_id: int, bias: float) -> None:
 
 
 def run(scenario: str, args) -> None:
-    model, tokenizer = build_tiny("tiny", seed=0)
+    model, tokenizer = build_tiny(args.model, seed=0)
     model.eval()
-    if scenario == "ragged":
+    if scenario in ("ragged", "queued"):
         add_eos_bias(model, tokenizer.eos_token_id, args.eos_bias)
     n = args.group if scenario == "grouped" else 1
-    prompts = make_prompts(tokenizer, args.batch // n)
-    engine = HFEngine(model, tokenizer)
-    ignore_eos = scenario != "ragged"
+    queued = scenario == "queued"
+    prompts = make_prompts(tokenizer, args.batch * (args.queue if queued else 1) // n)
+    chunk = args.batch if queued else None
+    engine = HFEngine(model, tokenizer, batch_size=chunk)
+    ignore_eos = scenario not in ("ragged", "queued")
     if ignore_eos:
         engine.eos_ids = []  # ignore EOS, like min_new_tokens on the generate side
-    results = time_interleaved(
-        {
-            "HFEngine": engine_runner(engine, prompts, args.new_tokens, n),
-            "model.generate": hf_generate_runner(model, tokenizer, prompts, args.new_tokens, ignore_eos, n),
-        },
-        args.repeats,
-    )
+    runners = {"HFEngine": engine_runner(engine, prompts, args.new_tokens, n)}
+    if queued:
+        continuous = HFEngine(model, tokenizer, batch_size=chunk, continuous=True)
+        runners["HFEngine continuous"] = engine_runner(continuous, prompts, args.new_tokens, n)
+    runners["model.generate"] = hf_generate_runner(model, tokenizer, prompts, args.new_tokens, ignore_eos, n,
+                                                   chunk)
+    results = time_interleaved(runners, args.repeats)
     print(
-        f"[{scenario}] batch {args.batch} ({len(prompts)} prompts x {n}), {args.new_tokens} new tokens,"
-        f" {args.threads} thread(s)"
+        f"[{scenario}] {args.model} model, batch {args.batch} ({len(prompts)} prompts x {n}),"
+        f" {args.new_tokens} new tokens, {args.threads} thread(s)"
     )
     rate = {}
     for name, (best, median, tokens) in results.items():
@@ -123,23 +134,24 @@ def run(scenario: str, args) -> None:
             f"  {name:15s}: {tokens:5d} tokens, best {best * 1e3:7.1f} ms, median {median * 1e3:7.1f} ms"
             f" = {rate[name]:8.0f} tok/s (best)"
         )
-    median_ratio = (results["HFEngine"][2] / results["HFEngine"][1]) / (
-        results["model.generate"][2] / results["model.generate"][1]
-    )
-    print(
-        f"  ratio HFEngine / model.generate tok/s: {rate['HFEngine'] / rate['model.generate']:.2f}x best,"
-        f" {median_ratio:.2f}x median"
-    )
+    baseline = results["model.generate"][2] / results["model.generate"][1]
+    for name in results:
+        if name != "model.generate":
+            median_ratio = (results[name][2] / results[name][1]) / baseline
+            print(f"  ratio {name} / model.generate tok/s: {rate[name] / rate['model.generate']:.2f}x best,"
+                  f" {median_ratio:.2f}x median")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["tiny", "small"], default="tiny")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--eos-bias", type=float, default=1.5, help="EOS logit bias in the ragged scenario")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt in the grouped scenario")
+    parser.add_argument("--queue", type=int, default=4, help="prompts per batch slot in the queued scenario")
     parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -34,8 +34,10 @@ class RolloutConfig(SamplingConfig):
     engine: Literal["hf", "vllm", "ray"] = Field("hf", description="hf: in process; vllm: colocated on the GPU "
                                                  "(extra tether[vllm]); ray: rollout workers (extra tether[ray])")
     workers: int = Field(2, ge=1, description="ray engine: rollout worker actors")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="vllm: vllm.LLM arguments "
-                                           "(gpu_memory_utilization, ...); ray: num_cpus, num_gpus, address")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="hf: dtype (bfloat16 decoding), "
+                                           "continuous (continuous batching when engine_batch_size < the samples); "
+                                           "vllm: vllm.LLM arguments (gpu_memory_utilization, ...); ray: num_cpus, "
+                                           "num_gpus, address")
 
     @field_validator("temperature")
     @classmethod

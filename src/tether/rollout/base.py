@@ -144,3 +144,36 @@ class GenerationEngine(Protocol):
     """Anything that turns token-id prompts into a :class:`Rollout`."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout: ...
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; return ``(tokens (B,), logprobs (B,))``.
+
+    ``logits`` has shape (B, V), float32. Greedy rows take the argmax and report
+    ``log_softmax(logits)`` of it. Otherwise the token is drawn from ``softmax(logits / T)``
+    restricted to the top-k, then to the smallest set of tokens whose mass reaches top-p
+    (the most likely token always survives), and the reported log-prob is
+    ``log_softmax(logits / T)`` of the drawn token, without the truncation.
+    """
+    if params.is_greedy:
+        tokens = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
+    scaled = logits / params.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = None
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        filtered = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        base = scaled if filtered is None else filtered
+        sorted_logits, order = torch.sort(base, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
+        filtered = torch.full_like(base, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logp.exp() if filtered is None else torch.softmax(filtered, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

@@ -36,19 +36,15 @@ from typing import Any
 
 import torch
 
-from tether.rollout import static_decoder
-from tether.rollout.base import Rollout, SamplingParams
+from tether.rollout import continuous, static_decoder
+from tether.rollout.base import Rollout, SamplingParams, sample_tokens
+from tether.rollout.static_decoder import COMPACT_FRACTION, COMPACT_MIN_BATCH
 
 try:  # transformers >= 4.56 stores the cache as a list of layer objects
     from transformers.cache_utils import DynamicLayer
 except ImportError:  # pragma: no cover - older transformers: the plain DynamicCache is used as is
     DynamicLayer = None
 
-# Drop finished rows from the batch once the running rows are at most this fraction of it. Measured on the
-# tiny model (batch 64, 64 new tokens, ragged EOS): 0.75 beat 0.5 by ~10% and never compacting by ~35%.
-COMPACT_FRACTION = 0.75
-# ...and only when the batch is at least this large (smaller batches are overhead-bound anyway).
-COMPACT_MIN_BATCH = 8
 # Write new keys / values in place into buffers sized for the whole decode (PreallocatedLayer) when at least
 # this many new tokens are asked for. Measured per decode step on the tiny model, batch 64, 40-token prompts:
 # 2-8% slower at 32-64 new tokens (attention reads strided views), 10% faster at 128, 13% at 256.
@@ -155,39 +151,6 @@ def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(base.forward).parameters)
 
 
-def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; return ``(tokens (B,), logprobs (B,))``.
-
-    ``logits`` has shape (B, V), float32. Greedy rows take the argmax and report
-    ``log_softmax(logits)`` of it. Otherwise the token is drawn from ``softmax(logits / T)``
-    restricted to the top-k, then to the smallest set of tokens whose mass reaches top-p
-    (the most likely token always survives), and the reported log-prob is
-    ``log_softmax(logits / T)`` of the drawn token, without the truncation.
-    """
-    if params.is_greedy:
-        tokens = logits.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, logprobs
-    scaled = logits / params.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    filtered = None
-    if 0 < params.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
-        filtered = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
-        base = scaled if filtered is None else filtered
-        sorted_logits, order = torch.sort(base, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
-        filtered = torch.full_like(base, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logp.exp() if filtered is None else torch.softmax(filtered, dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
 class HFEngine:
     """Token-in, token-out generation with a Hugging Face causal LM (see the module docstring).
 
@@ -197,7 +160,8 @@ class HFEngine:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int | None = None, static: bool = True,
-                 dtype: str | None = None, on_batch: Callable[[int], None] | None = None) -> None:
+                 dtype: str | None = None, continuous: bool = False,
+                 on_batch: Callable[[int], None] | None = None) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.source = model
@@ -210,6 +174,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.static = static
+        self.continuous = continuous
         self.on_batch = on_batch
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
@@ -256,19 +221,29 @@ class HFEngine:
         completions: list[tuple[list[int], list[float], bool]] = []
         try:
             with torch.inference_mode():
-                for start in range(0, len(rows), chunk):
-                    chunk_rows = rows[start : start + chunk]
-                    group = params.n if start % params.n == 0 and len(chunk_rows) % params.n == 0 else 1
-                    batch = [prompts[r] for r in chunk_rows]
-                    completions.extend(self._generate_batch(batch, params, generator, group))
-                    if self.on_batch is not None:
-                        self.on_batch(len(completions))
+                if self._continuous(prompts, rows, chunk, params):
+                    completions = continuous.generate(self, prompts, rows, params, generator, chunk)
+                else:
+                    for start in range(0, len(rows), chunk):
+                        chunk_rows = rows[start : start + chunk]
+                        group = params.n if start % params.n == 0 and len(chunk_rows) % params.n == 0 else 1
+                        batch = [prompts[r] for r in chunk_rows]
+                        completions.extend(self._generate_batch(batch, params, generator, group))
+                        if self.on_batch is not None:
+                            self.on_batch(len(completions))
         finally:
             for module, training in modes:
                 module.training = training
         return self._to_rollout(prompts, rows, completions, params)
 
     # -- one batch ----------------------------------------------------------------------------
+
+    def _continuous(self, prompts: list[list[int]], rows: list[int], chunk: int, params: SamplingParams) -> bool:
+        """Whether this call decodes with continuous batching (:mod:`tether.rollout.continuous`): asked for,
+        more samples than one batch holds, and the static decode path available."""
+        width = max(len(p) for p in prompts)
+        return (self.continuous and len(rows) > chunk and self.static
+                and static_decoder.supports(self.model, width + params.max_new_tokens))
 
     def _static(self, total_length: int, cache: Any) -> bool:
         """Whether the decode steps can run on :class:`static_decoder.StaticDecoder`."""
@@ -292,9 +267,9 @@ class HFEngine:
         return out.logits[:, -1, :].float(), new_cache
 
     def _prefill(
-        self, prompts: list[list[int]], new_tokens: int, group: int
+        self, prompts: list[list[int]], new_tokens: int, group: int, width: int = 0
     ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-        """Left-pad and run the prompts through the model.
+        """Left-pad (to at least ``width``) and run the prompts through the model.
 
         ``prompts`` holds ``B`` rows in groups of ``group`` identical prompts; only one per group is
         run and the cache is repeated. Returns the last position's logits (B, V), the cache, the
@@ -302,7 +277,7 @@ class HFEngine:
         """
         device = self.device
         unique = prompts[::group]
-        width = max(len(p) for p in unique)
+        width = max(width, *(len(p) for p in unique))
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in unique], dtype=torch.long)
         lens = torch.tensor([len(p) for p in unique], dtype=torch.long)
         mask = torch.ones((len(unique), width + new_tokens), dtype=torch.long)
@@ -317,7 +292,7 @@ class HFEngine:
                 cache.batch_repeat_interleave(group)
                 logits = logits.repeat_interleave(group, dim=0)
             else:  # a legacy tuple cache: prefill every sample instead
-                return self._prefill(prompts, new_tokens, 1)
+                return self._prefill(prompts, new_tokens, 1, width)
             mask = mask.repeat_interleave(group, dim=0)
             lens = lens.repeat_interleave(group, dim=0)
         return logits, cache, mask, lens[:, None].clone()
@@ -349,7 +324,8 @@ class HFEngine:
             logprobs[rows, t] = lp
             finished = ~done & torch.isin(tok, eos)
             if stop_filter is not None:
-                finished |= self._match_stop(tokens, rows, t, tok, done | finished, stop_filter, params.stop)
+                newest = torch.full_like(rows, t)
+                finished |= self._match_stop(tokens, rows, newest, tok, done | finished, stop_filter, params.stop)
             if bool(finished.any()):
                 lengths[rows[finished]] = t + 1
                 stopped[rows[finished]] = True
@@ -417,20 +393,21 @@ class HFEngine:
         self,
         tokens: torch.Tensor,
         rows: torch.Tensor,
-        t: int,
+        newest: torch.Tensor,
         tok: torch.Tensor,
         inactive: torch.Tensor,
         stop_filter: torch.Tensor,
         stop: list[str],
     ) -> torch.Tensor:
-        """Bool per batch position: the newest token completed a stop string."""
+        """Bool per batch position: the newest token (output column ``newest``, per position) completed a
+        stop string."""
         hit = torch.zeros_like(inactive)
         candidates = (stop_filter[tok] & ~inactive).nonzero().squeeze(-1).tolist()
         if not candidates:
             return hit
         window = 4 * max(len(s) for s in stop) + 4  # a character can take up to 4 byte-level tokens
-        lo = max(0, t + 1 - window)
-        tails = tokens[rows[candidates], lo : t + 1].tolist()
+        ends = [int(newest[c]) + 1 for c in candidates]
+        tails = [tokens[int(rows[c]), max(0, end - window) : end].tolist() for c, end in zip(candidates, ends, strict=True)]
         for pos, text in zip(
             candidates, self.tokenizer.batch_decode(tails, skip_special_tokens=True), strict=True
         ):

@@ -28,6 +28,12 @@ import torch.nn.functional as F
 
 SUPPORTED_TYPES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
+# Drop finished rows from the batch once the running rows are at most this fraction of it. Measured on the
+# tiny model (batch 64, 64 new tokens, ragged EOS): 0.75 beat 0.5 by ~10% and never compacting by ~35%.
+COMPACT_FRACTION = 0.75
+# ...and only when the batch is at least this large (smaller batches are overhead-bound anyway).
+COMPACT_MIN_BATCH = 8
+
 
 def supports(model: Any, total_length: int) -> bool:
     """True when ``model`` is a plain Llama-architecture causal LM this decoder reproduces exactly
@@ -101,10 +107,12 @@ class StaticDecoder:
     """Decode steps for one batch: buffers of shape (layers, B, kv_heads, width + steps, head_dim).
 
     ``cache`` is the model's cache after the prefill (keys already rotated), ``mask`` the (B, width)
-    0/1 padding mask of the prompt, ``steps`` how many tokens will be decoded at most.
+    0/1 padding mask of the prompt, ``steps`` how many tokens will be decoded at most. ``capacity``
+    (columns, at least width + steps) leaves room for sequences put into finished rows later
+    (:meth:`insert`, continuous batching); :meth:`make_room` drops columns no live row attends to.
     """
 
-    def __init__(self, model: Any, cache: Any, mask: torch.Tensor, steps: int) -> None:
+    def __init__(self, model: Any, cache: Any, mask: torch.Tensor, steps: int, capacity: int | None = None) -> None:
         cfg = model.config
         self.model = model
         self.layers = _gather_layers(model)
@@ -116,30 +124,79 @@ class StaticDecoder:
         self.final_norm = model.model.norm.weight
         batch, width = mask.shape
         first = cache.layers[0].keys
-        shape = (len(self.layers), batch, self.kv_heads, width + steps, self.head_dim)
+        columns = max(capacity or 0, width + steps)
+        shape = (len(self.layers), batch, self.kv_heads, columns, self.head_dim)
         self.keys = first.new_empty(shape)
         self.values = first.new_empty(shape)
         for i, layer in enumerate(cache.layers):
             self.keys[i, :, :, :width].copy_(layer.keys)
             self.values[i, :, :, :width].copy_(layer.values)
         self.length = width
-        bias = torch.zeros((batch, 1, 1, width + steps), dtype=first.dtype, device=first.device)
+        bias = torch.zeros((batch, 1, 1, columns), dtype=first.dtype, device=first.device)
         bias[:, 0, 0, :width].masked_fill_(mask == 0, torch.finfo(first.dtype).min)
         self.bias = bias
+        self.start = width - mask.sum(-1).long()  # per row, the first column it attends to
+        self.first = 0  # no row attends left of this column: attention reads from here on
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the batch rows ``keep`` (indices into the current batch)."""
         self.keys = self.keys.index_select(1, keep)
         self.values = self.values.index_select(1, keep)
         self.bias = self.bias.index_select(0, keep)
+        self.start = self.start.index_select(0, keep)
+
+    def insert(self, rows: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+               mask: torch.Tensor) -> None:
+        """Start new sequences in batch ``rows``: their prefilled keys / values (per layer (k, kv_heads, w,
+        head_dim), left-padded as ``mask`` (k, w) says) are written to end at the current column, and
+        every column before them is masked, so a row's old sequence is invisible to the new one. Rotary
+        attention depends only on positions, never on columns, so the new sequence decodes as if alone."""
+        width, t = mask.shape[1], self.length
+        if width > t:
+            raise ValueError(f"a prompt of {width} tokens does not fit left of column {t}")
+        for i in range(len(self.layers)):
+            self.keys[i, rows, :, t - width : t] = keys[i]
+            self.values[i, rows, :, t - width : t] = values[i]
+        low = torch.finfo(self.bias.dtype).min
+        bias = torch.zeros((len(rows), self.bias.shape[-1]), dtype=self.bias.dtype, device=self.bias.device)
+        bias[:, : t - width] = low
+        bias[:, t - width : t].masked_fill_(mask == 0, low)
+        self.bias[rows, 0, 0] = bias
+        self.start[rows] = t - mask.sum(-1).long()
+
+    def make_room(self, live: torch.Tensor, keep: int) -> None:
+        """Make sure the next step has a free column: when the buffers are full, drop the columns left of
+        every ``live`` row's first one (keeping at least ``keep`` columns, the room :meth:`insert` needs),
+        or grow the buffers when nothing can be dropped."""
+        columns = self.keys.shape[3]
+        first = int(self.start[live].min()) if bool(live.any()) else self.length
+        self.first = min(first, self.length)
+        if self.length < columns:
+            return
+        drop = min(first, self.length - keep)
+        if drop <= 0:
+            grow = max(1, columns // 2)
+            extra = (*self.keys.shape[:3], grow, self.head_dim)
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(extra)], 3)
+            self.values = torch.cat([self.values, self.values.new_zeros(extra)], 3)
+            self.bias = torch.cat([self.bias, self.bias.new_zeros((*self.bias.shape[:3], grow))], 3)
+            return
+        kept = self.length - drop
+        self.keys[:, :, :, :kept] = self.keys[:, :, :, drop : self.length].clone()
+        self.values[:, :, :, :kept] = self.values[:, :, :, drop : self.length].clone()
+        self.bias[..., : columns - drop] = self.bias[..., drop:].clone()
+        self.bias[..., columns - drop :] = 0
+        self.start = (self.start - drop).clamp_(min=0)
+        self.first -= drop
+        self.length = kept
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) for the next token after feeding ``tokens`` (B,) at ``positions`` (B,)."""
         hidden = self.model.model.embed_tokens(tokens)[:, None, :]  # (B, 1, H)
         cos, sin = self.model.model.rotary_emb(hidden, positions[:, None])
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, 1, D)
-        t = self.length
-        bias = self.bias[..., : t + 1]
+        t, first = self.length, self.first
+        bias = self.bias[..., first : t + 1]
         batch = tokens.shape[0]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
@@ -151,7 +208,8 @@ class StaticDecoder:
             q = q * cos + _rotate_half(q) * sin
             self.keys[i, :, :, t : t + 1] = k * cos + _rotate_half(k) * sin
             self.values[i, :, :, t : t + 1] = v.view(batch, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            attn = _decode_attention(q, self.keys[i, :, :, : t + 1], self.values[i, :, :, : t + 1], bias, self.scale)
+            attn = _decode_attention(q, self.keys[i, :, :, first : t + 1], self.values[i, :, :, first : t + 1], bias,
+                                     self.scale)
             hidden = hidden + F.linear(attn.reshape(batch, 1, q_size), layer.o_weight)
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
             gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
