@@ -17,6 +17,7 @@ from tether.rewards.judge import (
     load_template,
     parse_score,
     parse_verdict,
+    pointwise_reply,
     render_template,
     template_names,
 )
@@ -194,6 +195,16 @@ def test_answer_check_by_hand():
     assert answer_check("107", "97") == "1/9x 0/7x 7/_x wrong"
     assert answer_check("7", "17") == "7/1x _/7x wrong"
     assert parse_score(f"Answer:89 <think>8+0=8 c0|</think>88 {answer_check('88', '89')} Score: 0", 0, 1) == 0.0
+
+
+def test_pointwise_reply_by_hand():
+    add = get_task("arithmetic", digits=2)
+    sub = get_task("arithmetic", digits=2, operators="-", nonnegative=True)
+    work = "<think>7+5=12 c1|4+8+1=13 c1|</think>132"
+    assert pointwise_reply(add, "47+85=", "133", 0) == "0"
+    assert pointwise_reply(add, "47+85=", "133", 0, work=work) == f"Answer:133 {work} 1/1= 3/3= 2/3x wrong Score: 0"
+    assert pointwise_reply(sub, "132-47=", "85", 1, check="inverse") == (
+        "Answer:85 <think>5+7=12 c1|8+4+1=13 c1|</think>132 1/1= 3/3= 2/2= right Score: 1")
 
 
 def test_solve_first_replies_mark_each_answer_before_the_verdict():

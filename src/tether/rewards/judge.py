@@ -324,6 +324,21 @@ def inverse_check(task: Any, prompt: str, seen: str) -> str:
     return f"Answer:{seen} {THINK_OPEN}{steps}{THINK_CLOSE}{result} {answer_check(target, result)}"
 
 
+def pointwise_reply(task: Any, prompt: str, seen: str, value: float, *, check: str = "solve",
+                    work: str | None = None) -> str:
+    """A pointwise judge's reply on the answer ``seen``: the bare score; with the judge's own ``work``
+    (``<think>worked solution</think>answer``) the answer read, that work, the digit check against its answer
+    and the score (``Answer:133 <think>...</think>132 1/1= 3/3= 2/3x wrong Score: 0``); with ``check="inverse"``
+    the :func:`inverse_check` of ``seen`` and the score."""
+    from tether.tasks.base import extract_answer
+
+    if check == "inverse":
+        return f"{inverse_check(task, prompt, seen)} Score: {_number(value)}"
+    if work is None:
+        return _number(value)
+    return f"Answer:{seen} {work} {answer_check(extract_answer(work), seen)} Score: {_number(value)}"
+
+
 def _check_judge_task(task: Any, solve_first: bool, check: str, kind: str) -> None:
     if check not in ("solve", "inverse"):
         raise ValueError(f"check must be 'solve' or 'inverse', got {check!r}")
@@ -361,15 +376,12 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
     for prompt, response, answer in samples:
         seen = extract_answer(response)
         value = scale[1] if task.verify(response, answer) == 1.0 else scale[0]
-        reply = _number(value)
-        if check == "inverse":
-            reply = f"{inverse_check(task, prompt, seen)} Score: {_number(value)}"
-        elif solve_first:
+        work = None
+        if solve_first and check == "solve":
             problem = solve(prompt)
             work = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
-            reply = f"Answer:{seen} {work} {answer_check(problem.answer, seen)} Score: {_number(value)}"
         out.append({"prompt": render_template(template_text, prompt=prompt, response=response, scale=scale),
-                    "completion": reply})
+                    "completion": pointwise_reply(task, prompt, seen, value, check=check, work=work)})
     return out
 
 
@@ -416,7 +428,6 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
     out = []
     for i, pair in enumerate(pairs):
         own = extract_answer(pair["chosen"])
-        work = f"{pair['chosen']} " if solve_first else ""
         if kind == "pairwise":
             first = i % 2 == 0
             a, b = (pair["chosen"], pair["rejected"]) if first else (pair["rejected"], pair["chosen"])
@@ -433,20 +444,16 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
             reply = verdict
             if solve_first:
                 seen_a, seen_b = extract_answer(a), extract_answer(b)
-                reply = (f"A:{seen_a} B:{seen_b} {work}A {answer_check(own, seen_a)} B {answer_check(own, seen_b)} "
-                         f"[[{verdict}]]")
+                reply = (f"A:{seen_a} B:{seen_b} {pair['chosen']} A {answer_check(own, seen_a)} "
+                         f"B {answer_check(own, seen_b)} [[{verdict}]]")
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response_a=a, response_b=b),
                         "completion": reply})
             continue
         for response, value in ((pair["chosen"], scale[1]), (pair["rejected"], scale[0])):
             seen = extract_answer(response)
             response = seen if answers_only else response
-            if check == "inverse":
-                reply = f"{inverse_check(task, pair['prompt'], seen)} Score: {_number(value)}"
-            elif solve_first:
-                reply = f"Answer:{seen} {work}{answer_check(own, seen)} Score: {_number(value)}"
-            else:
-                reply = _number(value)
+            reply = pointwise_reply(task, pair["prompt"], seen, value, check=check,
+                                    work=pair["chosen"] if solve_first else None)
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,
                                                   scale=scale),
                         "completion": reply})
