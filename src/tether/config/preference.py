@@ -341,9 +341,17 @@ class JudgeDataConfig(StageConfig):
                                                "answer: solve the problem and compare, or 'inverse': work the "
                                                "answer back through the inverse operation (pointwise; the task "
                                                "needs check(prompt, answer))")
+    work_digits: Literal["digits", "letters"] = Field("digits", description="pointwise with solve_first: the "
+                                                      "judge's own worked solution in digits, or in the letter "
+                                                      "digits A-J so that judge training does not teach the "
+                                                      "digit answers (self-rewarding)")
 
     @model_validator(mode="after")
     def _ties_need_reasoning(self) -> JudgeDataConfig:
+        if self.work_digits == "letters" and not (self.solve_first and self.kind == "pointwise"
+                                                   and self.check == "solve"):
+            raise ValueError("judge_data: work_digits 'letters' needs kind: pointwise, solve_first: true and "
+                             "check: solve")
         if self.check == "inverse" and not (self.solve_first and self.kind == "pointwise"):
             raise ValueError("judge_data: check 'inverse' needs kind: pointwise and solve_first: true")
         if self.ties and not (self.solve_first and self.kind == "pairwise"):

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from tether.config.rewards import JudgeSamplingConfig
 from tether.config.sampling import SamplingConfig
+from tether.core.text_metrics import LETTER_DIGITS, OWN_DIGITS
 
 Backend = Callable[[list[str], int], list[list[str]]]
 PLACEHOLDERS = ("prompt", "response", "response_a", "response_b", "principle", "min", "max")
@@ -303,10 +304,12 @@ def answer_check(own: str, seen: str) -> str:
     """The judge's check of an answer ``seen`` against its ``own``, digit by digit from the left, then the
     mark: ``"8/8= 8/9x wrong"``. Each digit pair is written before its sign (``=`` same, ``x`` different;
     ``_`` pads the shorter), so every sign depends only on the two characters just before it and the mark
-    only on the signs: a comparison a small model can learn, where one mark after both whole numbers is not."""
+    only on the signs: a comparison a small model can learn, where one mark after both whole numbers is not.
+    ``own`` may be written in the letter digits (``"BDC"`` is 132): a letter equals the digit it stands for."""
+    value = own.translate(_FROM_LETTERS)
     pairs = itertools.zip_longest(own, seen, fillvalue="_")
-    digits = " ".join(f"{o}/{s}{'=' if o == s else 'x'}" for o, s in pairs)
-    return f"{digits} {'right' if own == seen else 'wrong'}"
+    digits = " ".join(f"{o}/{s}{'=' if o.translate(_FROM_LETTERS) == s else 'x'}" for o, s in pairs)
+    return f"{digits} {'right' if value == seen else 'wrong'}"
 
 
 def inverse_check(task: Any, prompt: str, seen: str) -> str:
@@ -325,21 +328,32 @@ def inverse_check(task: Any, prompt: str, seen: str) -> str:
 
 
 def pointwise_reply(task: Any, prompt: str, seen: str, value: float, *, check: str = "solve",
-                    work: str | None = None) -> str:
+                    work: str | None = None, letters: bool = False) -> str:
     """A pointwise judge's reply on the answer ``seen``: the bare score; with the judge's own ``work``
     (``<think>worked solution</think>answer``) the answer read, that work, the digit check against its answer
     and the score (``Answer:133 <think>...</think>132 1/1= 3/3= 2/3x wrong Score: 0``); with ``check="inverse"``
-    the :func:`inverse_check` of ``seen`` and the score."""
+    the :func:`inverse_check` of ``seen`` and the score. ``letters``: the judge's work is written in the letter
+    digits A-J (``<think>H+F=BC cB|E+I+B=BD cB|</think>BDC B/1= D/3= C/3x wrong``), so that learning to judge
+    does not teach the digit-written answers a policy gives (see ``judge_records``)."""
     from tether.tasks.base import extract_answer
 
     if check == "inverse":
         return f"{inverse_check(task, prompt, seen)} Score: {_number(value)}"
     if work is None:
         return _number(value)
+    if letters:
+        work = work.translate(_TO_LETTERS)
     return f"Answer:{seen} {work} {answer_check(extract_answer(work), seen)} Score: {_number(value)}"
 
 
-def _check_judge_task(task: Any, solve_first: bool, check: str, kind: str) -> None:
+_TO_LETTERS = str.maketrans(OWN_DIGITS, LETTER_DIGITS)
+_FROM_LETTERS = str.maketrans(LETTER_DIGITS, OWN_DIGITS)
+
+
+def _check_judge_task(task: Any, solve_first: bool, check: str, kind: str, letters: bool = False) -> None:
+    if letters and not (solve_first and check == "solve" and kind == "pointwise"):
+        raise ValueError("work in letters is the pointwise judge's own solution: it needs kind pointwise, "
+                         "solve_first and check 'solve'")
     if check not in ("solve", "inverse"):
         raise ValueError(f"check must be 'solve' or 'inverse', got {check!r}")
     if check == "inverse" and kind != "pointwise":
@@ -359,15 +373,16 @@ def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
 
 def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, template: str,
                          scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False,
-                         check: str = "solve") -> list[dict]:
+                         check: str = "solve", letters: bool = False) -> list[dict]:
     """Pointwise judge records from a policy's own ``(prompt, response, gold answer)`` samples, each scored by
     the task's verifier (``scale[1]`` right, ``scale[0]`` wrong): the judge learns the errors the policy it will
     judge makes, which synthetic negatives may miss. With ``solve_first`` the reply is
     ``Answer:<seen> <think>the task's worked solution</think><answer> <digit check> Score: N`` as in
-    :func:`judge_records` (the task needs ``solve(prompt)``); ``check="inverse"``: :func:`inverse_check`."""
+    :func:`judge_records` (the task needs ``solve(prompt)``); ``check="inverse"``: :func:`inverse_check`;
+    ``letters``: the judge's work in the letter digits (:func:`pointwise_reply`)."""
     from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer
 
-    _check_judge_task(task, solve_first, check, "pointwise")
+    _check_judge_task(task, solve_first, check, "pointwise", letters)
     template_text = load_template(template)
     solve = getattr(task, "solve", None)
     if solve_first and solve is None:
@@ -381,14 +396,15 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
             problem = solve(prompt)
             work = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
         out.append({"prompt": render_template(template_text, prompt=prompt, response=response, scale=scale),
-                    "completion": pointwise_reply(task, prompt, seen, value, check=check, work=work)})
+                    "completion": pointwise_reply(task, prompt, seen, value, check=check, work=work,
+                                                  letters=letters)})
     return out
 
 
 def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], template: str, seed: int = 0,
                   split: str = "train", errors: Sequence[str] | None = None,
                   scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False, ties: float = 0.0,
-                  answers_only: bool = False, check: str = "solve") -> list[dict]:
+                  answers_only: bool = False, check: str = "solve", letters: bool = False) -> list[dict]:
     """``n`` SFT records ``{prompt: judge prompt, completion: verdict}`` whose verdicts are known exactly.
 
     Built from ``tether.tasks.preferences`` correctness pairs. Pairwise: the correct completion is
@@ -414,13 +430,19 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
 
     ``check="inverse"`` (pointwise, with ``solve_first``): the judge does not solve the problem but checks each
     answer by the task's inverse operation (:func:`inverse_check`), where checking is easier than answering.
+
+    ``letters`` (pointwise, with ``solve_first``): the judge works the problem out in the letter digits A-J and
+    compares that answer with the response's digits (:func:`pointwise_reply`). The worked solution is then not
+    a demonstration of the digit-written answer, so a model trained to judge this way and to answer (self-
+    rewarding's seed model) does not learn to answer from its judge training: its judging can stay ahead of
+    its answering, the room self-rewarding learns from.
     """
     from tether.tasks.base import THINK_CLOSE, extract_answer
     from tether.tasks.preferences import ERRORS, preference_records
 
     if not 0.0 <= ties < 1.0:
         raise ValueError(f"ties must be in [0, 1), got {ties}")
-    _check_judge_task(task, solve_first, check, kind)
+    _check_judge_task(task, solve_first, check, kind, letters)
     template_text = load_template(template)
     pairs = preference_records(task, n if kind == "pairwise" else (n + 1) // 2, seed=seed, split=split,
                                errors=errors or ERRORS)
@@ -453,7 +475,7 @@ def judge_records(task: Any, n: int, *, kind: Literal["pointwise", "pairwise"], 
             seen = extract_answer(response)
             response = seen if answers_only else response
             reply = pointwise_reply(task, pair["prompt"], seen, value, check=check,
-                                    work=pair["chosen"] if solve_first else None)
+                                    work=pair["chosen"] if solve_first else None, letters=letters)
             out.append({"prompt": render_template(template_text, prompt=pair["prompt"], response=response,
                                                   scale=scale),
                         "completion": reply})

@@ -26,7 +26,7 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
     task = get_task(source.name, **source.options)
     common = {"kind": cfg.kind, "template": cfg.template, "seed": source.seed, "errors": source.errors,
               "scale": cfg.scale, "solve_first": cfg.solve_first, "answers_only": cfg.responses == "answers",
-              "check": cfg.check}
+              "check": cfg.check, "letters": cfg.work_digits == "letters"}
     rows = judge_records(task, source.n, ties=cfg.ties, **common)
     sampled = 0
     if cfg.policy is not None:
@@ -35,7 +35,7 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
         torch.set_num_threads(cfg.train.threads)
         own = policy_samples(task, cfg.policy, seed=source.seed)
         rows += sample_judge_records(task, own, template=cfg.template, scale=cfg.scale, solve_first=cfg.solve_first,
-                                     check=cfg.check)
+                                     check=cfg.check, letters=cfg.work_digits == "letters")
         sampled = len(own)
     if cfg.sft_n:
         rows += sft_records(task, cfg.sft_n, seed=source.seed + 1, think=cfg.sft_think)
