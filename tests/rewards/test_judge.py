@@ -341,3 +341,33 @@ def test_inverse_check_needs_a_task_with_one_and_pointwise_records():
                       solve_first=True, check="inverse")
     with pytest.raises(ValueError, match="check 'inverse' needs"):
         JudgeDataConfig(kind="pairwise", solve_first=True, check="inverse")
+
+
+def test_letter_work_records_solve_in_letters_and_agree_with_the_verifier():
+    from tether.config.preference import JudgeDataConfig
+    from tether.rewards.judge import sample_judge_records
+
+    task = get_task("arithmetic", digits=2)
+    assert answer_check("BDC", "132") == "B/1= D/3= C/2= right"
+    assert answer_check("BDC", "133") == "B/1= D/3= C/3x wrong"
+    records = judge_records(task, 200, kind="pointwise", template="solve-pointwise", solve_first=True,
+                            letters=True, answers_only=True, errors=["slip", "dropped_carry", "misread"])
+    letters = str.maketrans("ABCDEFGHIJ", "0123456789")
+    for record in records:
+        problem = record["prompt"].split("\n")[-1]  # "Judge\n74+35=109\n74+35="
+        a, b = map(int, problem[:-1].split("+"))
+        seen = re.match(r"Answer:(\d+) ", record["completion"])[1]
+        work = re.search(r"<think>(.*)</think>([A-J]+) ", record["completion"])
+        assert not re.search(r"\d", work[1])  # the whole worked sum is in letters
+        assert int(work[2].translate(letters)) == a + b
+        assert record["completion"].endswith(f"Score: {int(int(seen) == a + b)}")
+    assert {r["completion"][-1] for r in records} == {"0", "1"}
+    right, wrong = (r["completion"] for r in sample_judge_records(
+        task, [("47+85=", "<think>x</think>132", "132"), ("47+85=", "<think>x</think>133", "132")],
+        template="solve-pointwise", solve_first=True, letters=True))
+    assert right == "Answer:132 <think>H+F=BC cB|E+I+B=BD cB|</think>BDC B/1= D/3= C/2= right Score: 1"
+    assert wrong == "Answer:133 <think>H+F=BC cB|E+I+B=BD cB|</think>BDC B/1= D/3= C/3x wrong Score: 0"
+    with pytest.raises(ValueError, match="pointwise"):
+        judge_records(task, 4, kind="pairwise", template="solve-pairwise", solve_first=True, letters=True)
+    with pytest.raises(ValueError, match="letters"):
+        JudgeDataConfig(kind="pointwise", work_digits="letters")  # without solve_first
