@@ -239,10 +239,13 @@ def test_oaif_arithmetic_recipe_judges_over_http(tmp_path):
 def test_self_rewarding_recipe_runs_with_the_policy_as_judge(tmp_path):
     results = _run("self-rewarding", tmp_path)
     judge, figures = results["judge_eval"], results["self_rewarding"]
-    # EFT on its own answers: the seed model judges its samples soundly and ties two wrong answers
-    assert judge["policy/decisive_accuracy"] >= 0.95 and judge["policy_wrong/decisive_rate"] <= 0.1, judge
+    # judging in letter digits does not teach answering: the seed model is not saturated (99.9% with its judge
+    # working in digits). Seed 0 has the weakest judge of the three measured (2026-12-03: 79% of its decided own
+    # pairs right, 18% of wrong-vs-wrong decided, 85% of round-1 pairs right; docs/loops/online-dpo.md)
+    assert 0.5 <= figures["before/accuracy"] <= 0.9, figures
+    assert judge["policy/decisive_accuracy"] >= 0.75 and judge["policy_wrong/decisive_rate"] <= 0.25, judge
     assert figures["accuracy"] > 0 and figures["round_1/pairs"] > 0
-    assert figures["round_1/audit/pair_agreement"] >= 0.95, figures
+    assert figures["round_1/audit/pair_agreement"] >= 0.8, figures
 
 
 def test_every_round_logs_the_sampler_trainer_mismatch(tmp_path):
