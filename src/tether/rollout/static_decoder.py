@@ -104,7 +104,7 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 class StaticDecoder:
-    """Decode steps for one batch: buffers of shape (layers, B, kv_heads, width + steps, head_dim).
+    """Decode steps for one batch: buffers of shape (layers, B, kv_heads, capacity, head_dim).
 
     ``cache`` is the model's cache after the prefill (keys already rotated), ``mask`` the (B, width)
     0/1 padding mask of the prompt, ``steps`` how many tokens will be decoded at most. ``capacity``
