@@ -30,8 +30,9 @@ Completion = tuple[list[int], list[float], bool]
 REFILL_FRACTION = 0.125
 
 
-class _Outputs:
-    """Per sample (rows of the call): sampled tokens, their log-probs, lengths and whether it stopped."""
+class Outputs:
+    """Per sample (rows of the call): sampled tokens, their log-probs, lengths and whether it stopped; the
+    bookkeeping of both decode loops (chunked and continuous)."""
 
     def __init__(self, engine: Any, count: int, steps: int, device: torch.device, params: SamplingParams,
                  vocab: int) -> None:
@@ -42,21 +43,26 @@ class _Outputs:
         self.stopped = torch.zeros(count, dtype=torch.bool, device=device)
         self.eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
         self.stop_filter = engine._stop_filter(params.stop, vocab, device) if params.stop else None
-        self.finished = 0
 
-    def accept(self, samples: torch.Tensor, produced: torch.Tensor, tok: torch.Tensor,
-               lp: torch.Tensor) -> torch.Tensor:
-        """Record one new token per sample (``produced`` tokens before it); bool per sample: it is done."""
+    def accept(self, samples: torch.Tensor, produced: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor,
+               finished: torch.Tensor | None = None) -> torch.Tensor:
+        """Record one new token per sample (``produced`` tokens before it; ``finished``: samples already done,
+        whose token is padding and changes nothing); bool per sample: it is done now."""
         self.tokens[samples, produced] = tok
         self.logprobs[samples, produced] = lp
         stop = torch.isin(tok, self.eos)
+        if finished is not None:
+            stop &= ~finished
         if self.stop_filter is not None:
-            stop |= self.engine._match_stop(self.tokens, samples, produced, tok, stop, self.stop_filter,
+            inactive = stop if finished is None else stop | finished
+            stop |= self.engine._match_stop(self.tokens, samples, produced, tok, inactive, self.stop_filter,
                                             self.params.stop)
         done = stop | (produced + 1 >= self.steps)
-        self.lengths[samples[done]] = produced[done] + 1
-        self.stopped[samples[stop]] = True
-        self.finished += int(done.sum())
+        if finished is not None:
+            done &= ~finished
+        if bool(done.any()):
+            self.lengths[samples[done]] = produced[done] + 1
+            self.stopped[samples[stop]] = True
         return done
 
 
@@ -87,18 +93,19 @@ def generate(engine: Any, prompts: list[list[int]], rows: list[int], params: Sam
     device = logits.device
     decoder = static_decoder.StaticDecoder(engine.model, cache, mask[:, :width], steps, capacity=width + 2 * steps)
     del cache
-    out = _Outputs(engine, count, steps, device, params, logits.shape[-1])
+    out = Outputs(engine, count, steps, device, params, logits.shape[-1])
     sample = torch.arange(first, device=device)  # batch row -> sample being decoded there
     produced = torch.zeros(first, dtype=torch.long, device=device)
     idle = torch.zeros(first, dtype=torch.bool, device=device)
     position = position[:, 0].clone()
-    waiting, reported = first, 0
+    waiting, reported, finished = first, 0, 0
     refill = max(1, int(first * REFILL_FRACTION))
     while True:
         tok, lp = sample_tokens(logits, params, generator)
         live = (~idle).nonzero().squeeze(-1)
         free = idle.clone()
         free[live] = out.accept(sample[live], produced[live], tok[live], lp[live])
+        finished += int(free[live].sum())
         produced[live] += 1
         while int(free.sum()) >= min(refill, count - waiting) and waiting < count:  # a refilled sample can stop at once
             into = free.nonzero().squeeze(-1)[: count - waiting]
@@ -111,10 +118,11 @@ def generate(engine: Any, prompts: list[list[int]], rows: list[int], params: Sam
             new_tok, new_lp = sample_tokens(new_logits, params, generator)
             tok[into] = new_tok
             free[into] = out.accept(new, produced[into], new_tok, new_lp)
+            finished += int(free[into].sum())
             produced[into] += 1
         idle = free
-        if engine.on_batch is not None and out.finished - reported >= slots:
-            reported = out.finished
+        if engine.on_batch is not None and finished - reported >= slots:
+            reported = finished
             engine.on_batch(reported)
         running = int((~idle).sum())
         if running == 0:

@@ -305,14 +305,9 @@ class HFEngine:
         logits, cache, mask, position = self._prefill(prompts, steps, group)
         device, batch = logits.device, logits.shape[0]
         width = mask.shape[1] - steps
-        tokens = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
-        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
-        stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        out = continuous.Outputs(self, batch, steps, device, params, logits.shape[-1])
         rows = torch.arange(batch, device=device)  # batch position -> output row
         done = torch.zeros(batch, dtype=torch.bool, device=device)  # per current batch position
-        stop_filter = self._stop_filter(params.stop, logits.shape[-1], device) if params.stop else None
         decoder = None
         if self._static(mask.shape[1], cache):
             decoder = static_decoder.StaticDecoder(self.model, cache, mask[:, :width], steps)
@@ -320,15 +315,8 @@ class HFEngine:
         for t in range(steps):
             tok, lp = sample_tokens(logits, params, generator)
             tok = tok.masked_fill(done, self.pad_id)
-            tokens[rows, t] = tok
-            logprobs[rows, t] = lp
-            finished = ~done & torch.isin(tok, eos)
-            if stop_filter is not None:
-                newest = torch.full_like(rows, t)
-                finished |= self._match_stop(tokens, rows, newest, tok, done | finished, stop_filter, params.stop)
+            finished = out.accept(rows, torch.full_like(rows, t), tok, lp, done)
             if bool(finished.any()):
-                lengths[rows[finished]] = t + 1
-                stopped[rows[finished]] = True
                 done |= finished
                 running = int((~done).sum())
                 if running == 0:
@@ -353,7 +341,7 @@ class HFEngine:
             else:
                 logits, cache = self._forward(tok[:, None], mask[:, : width + t + 1], position, cache)
             position += 1
-        return self._unpack(tokens, logprobs, lengths, stopped)
+        return self._unpack(out.tokens, out.logprobs, out.lengths, out.stopped)
 
     @staticmethod
     def _unpack(
