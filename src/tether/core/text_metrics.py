@@ -58,6 +58,8 @@ def reflection(completions: Sequence[str], correct: Sequence[float]) -> dict[str
 # The task's own number vocabulary and the second one the arithmetic task's ``letter_digits`` option writes
 # prompts in (0=A ... 9=J); upper-case, so that the trace's own markers (c1 carry, b1 borrow) never count.
 OWN_DIGITS, LETTER_DIGITS = "0123456789", "ABCDEFGHIJ"
+# str.translate tables between the two (digits -> letters, letters -> digits)
+TO_LETTERS, FROM_LETTERS = str.maketrans(OWN_DIGITS, LETTER_DIGITS), str.maketrans(LETTER_DIGITS, OWN_DIGITS)
 
 
 def thinking_text(completion: str) -> str | None:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from tether.config.rewards import JudgeSamplingConfig
 from tether.config.sampling import SamplingConfig
-from tether.core.text_metrics import LETTER_DIGITS, OWN_DIGITS
+from tether.core.text_metrics import FROM_LETTERS, TO_LETTERS
 
 Backend = Callable[[list[str], int], list[list[str]]]
 PLACEHOLDERS = ("prompt", "response", "response_a", "response_b", "principle", "min", "max")
@@ -306,9 +306,9 @@ def answer_check(own: str, seen: str) -> str:
     ``_`` pads the shorter), so every sign depends only on the two characters just before it and the mark
     only on the signs: a comparison a small model can learn, where one mark after both whole numbers is not.
     ``own`` may be written in the letter digits (``"BDC"`` is 132): a letter equals the digit it stands for."""
-    value = own.translate(_FROM_LETTERS)
+    value = own.translate(FROM_LETTERS)
     pairs = itertools.zip_longest(own, seen, fillvalue="_")
-    digits = " ".join(f"{o}/{s}{'=' if o.translate(_FROM_LETTERS) == s else 'x'}" for o, s in pairs)
+    digits = " ".join(f"{o}/{s}{'=' if o.translate(FROM_LETTERS) == s else 'x'}" for o, s in pairs)
     return f"{digits} {'right' if value == seen else 'wrong'}"
 
 
@@ -342,12 +342,8 @@ def pointwise_reply(task: Any, prompt: str, seen: str, value: float, *, check: s
     if work is None:
         return _number(value)
     if letters:
-        work = work.translate(_TO_LETTERS)
+        work = work.translate(TO_LETTERS)
     return f"Answer:{seen} {work} {answer_check(extract_answer(work), seen)} Score: {_number(value)}"
-
-
-_TO_LETTERS = str.maketrans(OWN_DIGITS, LETTER_DIGITS)
-_FROM_LETTERS = str.maketrans(LETTER_DIGITS, OWN_DIGITS)
 
 
 def _check_judge_task(task: Any, solve_first: bool, check: str, kind: str, letters: bool = False) -> None:

@@ -20,12 +20,10 @@ import random
 import re
 from dataclasses import dataclass
 
-from tether.core.text_metrics import LETTER_DIGITS
+from tether.core.text_metrics import FROM_LETTERS, LETTER_DIGITS, TO_LETTERS
 from tether.tasks.base import TASKS, THINK_CLOSE, THINK_OPEN, Problem, extract_answer
 
 OPERATORS = "+-*"
-_TO_LETTERS = str.maketrans("0123456789", LETTER_DIGITS)
-_FROM_LETTERS = str.maketrans(LETTER_DIGITS, "0123456789")
 
 
 def _digits(n: int) -> list[int]:
@@ -106,7 +104,7 @@ class Arithmetic:
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
         prompt = f"{a}{op}{b}="
         if self.letter_digits and rng.random() < self.letter_digits:  # no draw at 0: the same problems as before
-            return LetterProblem(prompt.translate(_TO_LETTERS), str(result), TRACES[op](a, b), split_key=prompt)
+            return LetterProblem(prompt.translate(TO_LETTERS), str(result), TRACES[op](a, b), split_key=prompt)
         return Problem(prompt=prompt, answer=str(result), reasoning=TRACES[op](a, b))
 
     def solve(self, prompt: str) -> Problem | None:
@@ -118,7 +116,7 @@ class Arithmetic:
         a, op, b, in_letters = parsed
         result = {"+": a + b, "-": a - b, "*": a * b}[op]
         canonical = f"{a}{op}{b}="
-        return Problem(prompt=canonical.translate(_TO_LETTERS) if in_letters else canonical,
+        return Problem(prompt=canonical.translate(TO_LETTERS) if in_letters else canonical,
                        answer=str(result), reasoning=TRACES[op](a, b))
 
     def _parse(self, prompt: str) -> tuple[int, str, int, bool] | None:
@@ -126,7 +124,7 @@ class Arithmetic:
         match = re.fullmatch(r"\s*(\d+|[A-J]+)([+*-])(\d+|[A-J]+)=\s*", prompt)
         if match is None or match[2] not in self.operators or match[1].isdigit() != match[3].isdigit():
             return None
-        return int(match[1].translate(_FROM_LETTERS)), match[2], int(match[3].translate(_FROM_LETTERS)), \
+        return int(match[1].translate(FROM_LETTERS)), match[2], int(match[3].translate(FROM_LETTERS)), \
             not match[1].isdigit()
 
     def check(self, prompt: str, answer: str) -> tuple[str, str, str] | None:
@@ -174,7 +172,7 @@ class Arithmetic:
             text = f"{problem.prompt}{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
         else:
             text = f"{problem.prompt}{problem.answer}"
-        return text.translate(_TO_LETTERS) if _in_letters(problem.prompt) else text
+        return text.translate(TO_LETTERS) if _in_letters(problem.prompt) else text
 
 
 def _in_letters(prompt: str) -> bool:
