@@ -12,15 +12,13 @@ from tether.rewards.judge import (
     EndpointJudgeBackend,
     PairwiseJudge,
     PointwiseJudge,
-    answer_check,
-    judge_records,
     load_template,
     parse_score,
     parse_verdict,
-    pointwise_reply,
     render_template,
     template_names,
 )
+from tether.rewards.judge_records import answer_check, judge_records, pointwise_reply
 from tether.rollout import EndpointError, OpenAIEngine
 from tether.scoring import build_judge
 from tether.tasks import get_task
@@ -272,7 +270,7 @@ def test_self_rewarding_seed_data_answers_directly(tmp_path):
 
 
 def test_judge_records_from_a_policys_own_samples_score_each_by_the_verifier():
-    from tether.rewards.judge import sample_judge_records
+    from tether.rewards.judge_records import sample_judge_records
 
     task = get_task("arithmetic", digits=2)
     samples = [("30+38=", "<think>0+8=8 c0|3+3=6 c0|</think>78", "68"),  # a trace right, its answer wrong
@@ -306,7 +304,7 @@ def test_judge_data_adds_records_from_the_policys_samples(tmp_path):
 
 
 def test_inverse_check_records_add_the_answer_back_and_agree_with_the_verifier():
-    from tether.rewards.judge import sample_judge_records
+    from tether.rewards.judge_records import sample_judge_records
 
     task = get_task("arithmetic", digits=2, operators="-", nonnegative=True)
     records = judge_records(task, 200, kind="pointwise", template="solve-pointwise", solve_first=True,
@@ -345,7 +343,7 @@ def test_inverse_check_needs_a_task_with_one_and_pointwise_records():
 
 def test_letter_work_records_solve_in_letters_and_agree_with_the_verifier():
     from tether.config.preference import JudgeDataConfig
-    from tether.rewards.judge import sample_judge_records
+    from tether.rewards.judge_records import sample_judge_records
 
     task = get_task("arithmetic", digits=2)
     assert answer_check("BDC", "132") == "B/1= D/3= C/2= right"

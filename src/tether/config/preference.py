@@ -337,10 +337,12 @@ class JudgeDataConfig(StageConfig):
                                                  "right or wrong, then gives its verdict")
     ties: float = Field(0.0, ge=0, lt=1, description="pairwise with solve_first: share of records whose verdict is "
                                                      "a tie (both responses right, or both wrong)")
-    check: Literal["solve", "inverse"] = Field("solve", description="with solve_first, how the judge tests an "
-                                               "answer: solve the problem and compare, or 'inverse': work the "
-                                               "answer back through the inverse operation (pointwise; the task "
-                                               "needs check(prompt, answer))")
+    check: Literal["solve", "inverse", "steps"] = Field("solve", description="with solve_first, how the judge "
+                                                        "tests a response: solve the problem and compare answers; "
+                                                        "'steps': compare every step of the worked solution too "
+                                                        "(pointwise); 'inverse': work the answer back through the "
+                                                        "inverse operation (pointwise; the task needs "
+                                                        "check(prompt, answer))")
     work_digits: Literal["digits", "letters"] = Field("digits", description="pointwise with solve_first: the "
                                                       "judge's own worked solution in digits, or in the letter "
                                                       "digits A-J so that judge training does not teach the "
@@ -349,11 +351,11 @@ class JudgeDataConfig(StageConfig):
     @model_validator(mode="after")
     def _ties_need_reasoning(self) -> JudgeDataConfig:
         if self.work_digits == "letters" and not (self.solve_first and self.kind == "pointwise"
-                                                   and self.check == "solve"):
+                                                   and self.check in ("solve", "steps")):
             raise ValueError("judge_data: work_digits 'letters' needs kind: pointwise, solve_first: true and "
-                             "check: solve")
-        if self.check == "inverse" and not (self.solve_first and self.kind == "pointwise"):
-            raise ValueError("judge_data: check 'inverse' needs kind: pointwise and solve_first: true")
+                             "check: solve or steps")
+        if self.check in ("inverse", "steps") and not (self.solve_first and self.kind == "pointwise"):
+            raise ValueError(f"judge_data: check {self.check!r} needs kind: pointwise and solve_first: true")
         if self.ties and not (self.solve_first and self.kind == "pairwise"):
             raise ValueError("judge_data: ties needs kind: pairwise and solve_first: true")
         if self.policy is not None and self.kind != "pointwise":
@@ -384,3 +386,9 @@ class JudgeEvalConfig(StageConfig):
     policy: PolicyPairsConfig | None = Field(None, description="also judge a model's own right and wrong samples")
     responses: Literal["traces", "answers"] = Field("traces", description="the synthetic pairs' responses: whole "
                                                                           "worked traces or only their final answers")
+    right: Literal["answer", "steps"] = Field("answer", description="which responses count as right: a right "
+                                                                   "answer (the task's verifier), or 'steps': the "
+                                                                   "whole worked solution, every step and the "
+                                                                   "answer (a judge trained with check: steps); "
+                                                                   "'steps' also judges synthetic pairs whose wrong "
+                                                                   "trace has the right answer and one wrong step")

@@ -11,9 +11,10 @@ from tether.config.base import ConfigError
 from tether.config.preference import JudgeDataConfig, JudgeEvalConfig, PolicyPairsConfig
 from tether.core.win_rate import count_swapped_verdicts, verdict_accuracy
 from tether.data.files import write_jsonl_atomic
-from tether.rewards.judge import PairwiseJudge, PointwiseJudge, judge_records, sample_judge_records
+from tether.rewards.judge import PairwiseJudge, PointwiseJudge
+from tether.rewards.judge_records import judge_records, sample_judge_records, wrong_step
 from tether.tasks import get_task, sft_records
-from tether.tasks.base import draw_problems, extract_answer
+from tether.tasks.base import draw_problems, extract_answer, format_completion
 from tether.tasks.preferences import preference_records
 from tether.trainers import checkpoint as ckpt
 
@@ -76,10 +77,19 @@ def policy_samples(task: Any, cfg: Any, seed: int) -> list[tuple[str, str, str]]
     return [(p.prompt, text, p.answer) for p, texts in zip(problems, answers, strict=True) for text in texts]
 
 
-def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[dict[str, list[tuple[str, str, str]]],
-                                                                          dict[str, float]]:
+def wrong_step_pairs(task: Any, source: Any) -> list[tuple[str, str, str]]:
+    """``(prompt, right, wrong)`` from the task's eval split whose wrong trace has the right answer and one step
+    digit changed: the pairs only a judge that checks every step gets right."""
+    rng = random.Random(f"wrong-step-pairs:{source.seed}")
+    records = preference_records(task, source.eval_n, seed=source.seed, split="eval", errors=source.errors)
+    return [(r["prompt"], r["chosen"], wrong_step(r["chosen"], rng)) for r in records]
+
+
+def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int, *, steps: bool = False,
+                 ) -> tuple[dict[str, list[tuple[str, str, str]]], dict[str, float]]:
     """Pairs from a model's own samples on held-out prompts, and the sample figures. ``"policy"``: each prompt
-    with a right and a wrong sample (by the task's verifier) gives ``(prompt, right, wrong)``, its first right
+    with a right and a wrong sample (by the task's verifier; with ``steps``, by the ``worked_solution`` checker
+    of every step) gives ``(prompt, right, wrong)``, its first right
     and first wrong one. ``"policy_wrong"``: each prompt with two different wrong samples gives ``(prompt,
     wrong, other wrong)``, pairs a sound judge ties and an online loop would otherwise train on with a wrong
     answer chosen (OAIF's 2 samples per prompt on the prompts the policy finds hard)."""
@@ -93,7 +103,10 @@ def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int) -> tuple[dict[str
     pairs: dict[str, list[tuple[str, str, str]]] = {"policy": [], "policy_wrong": []}
     correct = 0
     for problem, texts in zip(problems, samples, strict=True):
-        verdicts = [task.verify(t, problem.answer) == 1.0 for t in texts]
+        if steps:  # the worked_solution checker's test
+            verdicts = [t.strip() == format_completion(problem, think=True) for t in texts]
+        else:
+            verdicts = [task.verify(t, problem.answer) == 1.0 for t in texts]
         right = [t for t, ok in zip(texts, verdicts, strict=True) if ok]
         wrong = [t for t, ok in zip(texts, verdicts, strict=True) if not ok]
         correct += len(right)
@@ -125,7 +138,7 @@ def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, 
 
 def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     """Judge the held-out pairs of ``cfg`` (synthetic, and the policy's own with ``cfg.policy``); figures
-    ``synthetic/*``, ``policy/*`` and ``policy_wrong/*`` (how often the judge decides between two wrong
+    ``synthetic/*``, ``wrong_step/*`` (with ``right: steps``), ``policy/*`` and ``policy_wrong/*`` (how often the judge decides between two wrong
     answers) are the stage's results."""
     import torch
 
@@ -139,8 +152,10 @@ def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[st
     results: dict[str, float] = {}
     if cfg.task.eval_n:
         sources["synthetic"] = synthetic_pairs(task, cfg.task, answers_only=cfg.responses == "answers")
+        if cfg.right == "steps":
+            sources["wrong_step"] = wrong_step_pairs(task, cfg.task)
     if cfg.policy is not None:
-        sampled_pairs, sampled = policy_pairs(task, cfg.policy, cfg.task.seed)
+        sampled_pairs, sampled = policy_pairs(task, cfg.policy, cfg.task.seed, steps=cfg.right == "steps")
         sources.update(sampled_pairs)
         results.update({f"policy/{k}": v for k, v in sampled.items()})
     if not any(pairs for name, pairs in sources.items() if name != "policy_wrong"):
