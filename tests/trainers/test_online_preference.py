@@ -257,3 +257,16 @@ def test_every_round_logs_the_sampler_trainer_mismatch(tmp_path):
         assert len(rounds_logged(tmp_path, key)) == 2
     assert all(v <= 1e-5 for v in rounds_logged(tmp_path, "mismatch/logprob_abs_diff_max"))
     assert all(v > 0 for v in rounds_logged(tmp_path, "mismatch/tokens"))
+
+
+def test_round_figures_count_a_decided_wrong_pair_against_the_chosen_mean():
+    from tether.trainers.online_preference import round_figures
+
+    samples = [{"score": s, "audit": a} for s, a in ((1.0, 1.0), (0.0, 0.0), (1.0, 0.0), (0.0, 0.0))]
+    pairs = [{"prompt_id": 0, "chosen_score": 1.0, "rejected_score": 0.0, "chosen_audit": 1.0, "rejected_audit": 0.0},
+             {"prompt_id": 1, "chosen_score": 1.0, "rejected_score": 0.0, "chosen_audit": 0.0, "rejected_audit": 0.0}]
+    figures = round_figures(samples, pairs, [0, 1])
+    # the audit cannot order the wrong-vs-wrong pair, so pair agreement is 1; half the pairs train toward a wrong one
+    assert figures["audit/pair_agreement"] == 1.0 and figures["audit/pairs_decided"] == 1
+    assert figures["audit/chosen_mean"] == 0.5 and figures["audit/rejected_mean"] == 0.0
+    assert figures["audit/mean"] == 0.25 and figures["round/pair_margin"] == 1.0

@@ -176,7 +176,7 @@ class OnlinePreferenceTrainer(Trainer):
             for i, j in make_pairs(group_scores, cfg.pairs.rule, margin=cfg.pairs.margin,
                                    threshold=cfg.pairs.threshold, max_pairs=cfg.pairs.max_per_prompt):
                 pairs.append(self._pair_row(index, group[i], group[j]))
-        figures.update(self._round_figures(samples, pairs, indices))
+        figures.update(round_figures(samples, pairs, indices))
         figures.update({"round/generation_time": generated - start, "round/score_time": time.perf_counter() - generated})
         figures.update(self.mismatch(rollout))
         return samples, pairs, figures
@@ -222,25 +222,6 @@ class OnlinePreferenceTrainer(Trainer):
         if "audit" in chosen:
             row.update(chosen_audit=chosen["audit"], rejected_audit=rejected["audit"])
         return row
-
-    def _round_figures(self, samples: list[dict], pairs: list[dict], indices: list[int]) -> dict[str, float]:
-        scores = [s["score"] for s in samples if s["score"] is not None]
-        out = {"round/samples": len(samples), "round/score_missing": len(samples) - len(scores),
-               "round/pairs": len(pairs), "round/prompts_with_pairs": len({p["prompt_id"] for p in pairs}),
-               "round/prompts": len(indices)}
-        if scores:
-            out["round/score_mean"] = sum(scores) / len(scores)
-        if pairs:
-            out["round/pair_margin"] = sum(p["chosen_score"] - p["rejected_score"] for p in pairs) / len(pairs)
-        audits = [s["audit"] for s in samples if s.get("audit") is not None]
-        if audits:
-            out["audit/mean"] = sum(audits) / len(audits)
-            decided = [p for p in pairs if p.get("chosen_audit") is not None and p.get("rejected_audit") is not None
-                       and p["chosen_audit"] != p["rejected_audit"]]
-            out["audit/pairs_decided"] = len(decided)
-            if decided:  # of the pairs the audit tells apart, how often the scorer's chosen is the better one
-                out["audit/pair_agreement"] = sum(p["chosen_audit"] > p["rejected_audit"] for p in decided) / len(decided)
-        return out
 
     def load_or_collect(self, r: int) -> tuple[list[dict], dict[str, float]]:
         """Round ``r``'s pairs from disk when a run already made them, else collected and saved."""
@@ -312,7 +293,7 @@ class OnlinePreferenceTrainer(Trainer):
         self.logger.log(self.step, {"round": r, **figures})
         self.results.update({f"round_{r + 1}/{k.removeprefix('round/')}": v for k, v in figures.items()
                              if k in ("round/score_mean", "round/pairs", "judge/consistency", "audit/mean",
-                                      "audit/pair_agreement")})
+                                      "audit/pair_agreement", "audit/chosen_mean")})
         log.info("%s round %d: %s", self.stage, r, figures)
 
     def step_groups(self, local_step: int) -> list[list[int]]:
@@ -423,3 +404,33 @@ class SPINTrainer(OnlinePreferenceTrainer):
         done = self.round_dir(r) / "round.json"
         if done.exists():
             self.results[f"round_{r + 1}/match_rate"] = json.loads(done.read_text())["figures"]["round/match_rate"]
+
+
+def round_figures(samples: list[dict], pairs: list[dict], indices: list[int]) -> dict[str, float]:
+    """A round's figures: samples, missing scores, pairs, the scorer's mean and pair margin; with an ``audit``
+    (rewards that check the scorer), the audit's mean over the samples, over the chosen and over the rejected
+    responses (``audit/chosen_mean``: with the ``accuracy`` audit, the share of pairs that train toward a right
+    answer; a wrong-vs-wrong pair the scorer decides counts against it, where ``audit/pair_agreement`` leaves it
+    out) and, of the pairs the audit tells apart, the share the scorer orders the same way."""
+    scores = [s["score"] for s in samples if s["score"] is not None]
+    out = {"round/samples": len(samples), "round/score_missing": len(samples) - len(scores),
+           "round/pairs": len(pairs), "round/prompts_with_pairs": len({p["prompt_id"] for p in pairs}),
+           "round/prompts": len(indices)}
+    if scores:
+        out["round/score_mean"] = sum(scores) / len(scores)
+    if pairs:
+        out["round/pair_margin"] = sum(p["chosen_score"] - p["rejected_score"] for p in pairs) / len(pairs)
+    audits = [s["audit"] for s in samples if s.get("audit") is not None]
+    if audits:
+        out["audit/mean"] = sum(audits) / len(audits)
+        decided = [p for p in pairs if p.get("chosen_audit") is not None and p.get("rejected_audit") is not None
+                   and p["chosen_audit"] != p["rejected_audit"]]
+        audited = [p for p in pairs if p.get("chosen_audit") is not None and p.get("rejected_audit") is not None]
+        if audited:
+            out["audit/chosen_mean"] = sum(p["chosen_audit"] for p in audited) / len(audited)
+            out["audit/rejected_mean"] = sum(p["rejected_audit"] for p in audited) / len(audited)
+        out["audit/pairs_decided"] = len(decided)
+        if decided:  # of the pairs the audit tells apart, how often the scorer's chosen is the better one
+            out["audit/pair_agreement"] = sum(p["chosen_audit"] > p["rejected_audit"] for p in decided) / len(decided)
+    return out
+
