@@ -56,7 +56,8 @@ def _judge_backend(cfg: JudgeConfig, *, policy: Any, tokenizer: Any, cache_dir: 
             policy, tokenizer = load_model(cfg.model)
         if policy is None or tokenizer is None:
             raise ValueError("judge backend 'policy' needs the policy model and its tokenizer")
-        return EngineJudgeBackend(HFEngine(policy, tokenizer), tokenizer, sampling=cfg.sampling, chat=cfg.chat,
+        engine = HFEngine(policy, tokenizer, batch_size=cfg.sampling.engine_batch_size)
+        return EngineJudgeBackend(engine, tokenizer, sampling=cfg.sampling, chat=cfg.chat,
                               seed=cfg.sampling.seed), None
     from tether.rollout.openai_engine import OpenAIEngine
 

@@ -369,3 +369,20 @@ def test_letter_work_records_solve_in_letters_and_agree_with_the_verifier():
         judge_records(task, 4, kind="pairwise", template="solve-pairwise", solve_first=True, letters=True)
     with pytest.raises(ValueError, match="letters"):
         JudgeDataConfig(kind="pointwise", work_digits="letters")  # without solve_first
+
+
+def test_a_local_judge_decodes_engine_batch_size_replies_at_a_time():
+    """A round's judge prompts (self-rewarding: 8192) decoded at once hold every KV cache together; the judge's
+    ``sampling.engine_batch_size`` caps them, with the same greedy replies."""
+    from tether.models.tiny import build_tiny
+
+    model, tokenizer = build_tiny()
+    prompts = [f"{a}+{b}=" for a in range(3) for b in range(3)]
+    replies = {}
+    for size in (None, 2):
+        judge = build_judge({"kind": "pointwise", "backend": "policy", "template": "compact-pointwise",
+                             "sampling": {"max_new_tokens": 6, "engine_batch_size": size}},
+                            policy=model, tokenizer=tokenizer)
+        assert judge.backend.engine.batch_size == size
+        replies[size] = judge.backend(prompts)
+    assert replies[None] == replies[2]
