@@ -22,22 +22,27 @@ def answer_check(own: str, seen: str) -> str:
     ``_`` pads the shorter), so every sign depends only on the two characters just before it and the mark
     only on the signs: a comparison a small model can learn, where one mark after both whole numbers is not.
     ``own`` may be written in the letter digits (``"BDC"`` is 132): a letter equals the digit it stands for."""
-    value = own.translate(FROM_LETTERS)
-    pairs = itertools.zip_longest(own, seen, fillvalue="_")
-    digits = " ".join(f"{o}/{s}{'=' if o.translate(FROM_LETTERS) == s else 'x'}" for o, s in pairs)
-    return f"{digits} {'right' if value == seen else 'wrong'}"
+    digits, _ = _digit_marks(own, seen)
+    return f"{digits} {'right' if own.translate(FROM_LETTERS) == seen else 'wrong'}"
+
+
+def _digit_marks(own: Sequence[str], seen: Sequence[str]) -> tuple[str, bool]:
+    """``own`` and ``seen`` paired in order (``_`` pads the shorter), each pair written before its sign:
+    ``"B/1= D/3= C/3x"``; and whether every pair is the same (a letter equals the digit it stands for)."""
+    pairs = [(o, s, o.translate(FROM_LETTERS) == s) for o, s in itertools.zip_longest(own, seen, fillvalue="_")]
+    return " ".join(f"{o}/{s}{'=' if same else 'x'}" for o, s, same in pairs), all(same for *_, same in pairs)
 
 
 def _work_groups(text: str) -> list[str]:
     """A worked solution's steps and answer, ``["7+5=12 c1", "4+8+1=13 c1", "132"]`` for
     ``<think>7+5=12 c1|4+8+1=13 c1|</think>132``; a text without ``</think>`` is one group (a bare answer)."""
     from tether.tasks.base import THINK_CLOSE, THINK_OPEN
-    from tether.tasks.preferences import STEP_SEPARATOR
+    from tether.tasks.preferences import completion_steps
 
     if THINK_CLOSE not in text:
         return [text]
     head, answer = text.split(THINK_CLOSE, 1)
-    return [step for step in head.strip().removeprefix(THINK_OPEN).split(STEP_SEPARATOR) if step.strip()] + [answer]
+    return [*completion_steps(head.strip().removeprefix(THINK_OPEN)), answer]
 
 
 def steps_check(own: str, seen: str) -> str:
@@ -56,12 +61,10 @@ def steps_check(own: str, seen: str) -> str:
     of a step are compared. ``own`` may be in the letter digits (a letter equals the digit it stands for)."""
     groups, right = [], True
     for mine, theirs in itertools.zip_longest(_work_groups(own), _work_groups(seen), fillvalue=""):
-        pairs = list(itertools.zip_longest([c for c in mine if c.isdigit() or c in LETTER_DIGITS],
-                                           [c for c in theirs if c.isdigit()], fillvalue="_"))
-        same = [o.translate(FROM_LETTERS) == s for o, s in pairs]
-        right = right and bool(pairs) and all(same)
-        groups.append(" ".join(f"{o}/{s}{'=' if ok else 'x'}" for (o, s), ok in zip(pairs, same, strict=True))
-                      or "_/_x")
+        marks, same = _digit_marks([c for c in mine if c.isdigit() or c in LETTER_DIGITS],
+                                   [c for c in theirs if c.isdigit()])
+        right = right and bool(marks) and same
+        groups.append(marks or "_/_x")
     return f"{'|'.join(groups)} {'right' if right else 'wrong'}"
 
 
