@@ -84,9 +84,9 @@ def build_judge(cfg: JudgeConfig | dict, *, policy: Any = None, tokenizer: Any =
     backend, closer = _judge_backend(cfg, policy=policy, tokenizer=tokenizer, cache_dir=cache_dir, log_dir=log_dir)
     if cfg.kind == "pointwise":
         return PointwiseJudge(backend, template=cfg.template or "pointwise", scale=cfg.scale, samples=cfg.samples,
-                              principle=cfg.principle, closer=closer)
+                              principle=cfg.principle, closer=closer, answer_only=cfg.answer_only)
     return PairwiseJudge(backend, template=cfg.template or "pairwise", swap=cfg.swap, principle=cfg.principle,
-                         closer=closer)
+                         closer=closer, answer_only=cfg.answer_only)
 
 
 _JUDGES: dict[str, PointwiseJudge | PairwiseJudge] = {}

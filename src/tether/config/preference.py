@@ -332,7 +332,8 @@ class JudgeDataConfig(StageConfig):
                                                                  "samples, scored by the verifier")
     responses: Literal["traces", "answers"] = Field("traces", description="what the judged responses show: whole "
                                                                           "worked traces, or only their final answers "
-                                                                          "(to judge a policy that answers directly)")
+                                                                          "(a policy that answers directly, or a "
+                                                                          "judge with answer_only)")
     solve_first: bool = Field(False, description="the judge works the problem out, marks each response's answer "
                                                  "right or wrong, then gives its verdict")
     ties: float = Field(0.0, ge=0, lt=1, description="pairwise with solve_first: share of records whose verdict is "
@@ -356,6 +357,9 @@ class JudgeDataConfig(StageConfig):
                              "check: solve or steps")
         if self.check in ("inverse", "steps") and not (self.solve_first and self.kind == "pointwise"):
             raise ValueError(f"judge_data: check {self.check!r} needs kind: pointwise and solve_first: true")
+        if self.check == "steps" and self.responses == "answers":
+            raise ValueError("judge_data: check 'steps' compares the steps of a worked trace; it needs "
+                             "responses: traces")
         if self.ties and not (self.solve_first and self.kind == "pairwise"):
             raise ValueError("judge_data: ties needs kind: pairwise and solve_first: true")
         if self.policy is not None and self.kind != "pointwise":

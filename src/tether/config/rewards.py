@@ -93,6 +93,9 @@ class JudgeConfig(StrictModel):
     scale: tuple[float, float] = Field((1.0, 10.0), description="pointwise: the score range (low, high)")
     samples: int = Field(1, ge=1, description="pointwise: replies averaged per response")
     swap: bool = Field(True, description="pairwise: judge both orders, inconsistent -> tie")
+    answer_only: bool = Field(False, description="the judge sees each response's final answer (the text after "
+                                                 "the last </think>; empty when the thinking never closes), not "
+                                                 "its reasoning")
     sampling: JudgeSamplingConfig = Field(default_factory=JudgeSamplingConfig, description="how the judge "
                                           "replies (temperature 0: greedy; max_new_tokens per reply)")
     chat: bool = Field(False, description="chat endpoint / chat template for the judge prompt")

@@ -15,6 +15,9 @@
   caller can keep or drop. The share of pairs whose two orders agree is the consistency rate.
   Verdicts are read from ``[[A]]`` / ``[[B]]`` / ``[[C]]`` (tie), ``verdict: A``-like phrases, or a
   reply that is only ``A`` or ``B``.
+- **Answer only** (``answer_only``): the judge sees each response's final answer, the text after the last
+  ``</think>`` (DeepSeek-R1 Sec. 2.3.4 judges general answers by their summary), so its own work cannot
+  copy a step of the response's reasoning.
 - **Backends**: anything with the generation-engine protocol (:class:`EngineJudgeBackend`: token ids
   in, a rollout out; a local model), anything with the completion protocol
   (:class:`EndpointJudgeBackend`: ``complete(prompts, params)``; an OpenAI-compatible endpoint with its
@@ -180,12 +183,19 @@ def as_backend(fn: Callable) -> Backend:
 
 class _Judge:
     def __init__(self, backend: Backend | Callable, template: str, principle: str | None,
-                 closer: Callable[[], None] | None = None) -> None:
+                 closer: Callable[[], None] | None = None, answer_only: bool = False) -> None:
         self.backend = as_backend(backend)
+        self.answer_only = answer_only
         self.template = load_template(template) if "{" not in template else template
         self.principle = principle
         self.stats: dict[str, int] = {}
         self._closer = closer
+
+    def _shown(self, responses: Sequence[str]) -> list[str]:
+        """The responses as the judge sees them: whole, or (``answer_only``) their final answers."""
+        from tether.rewards.routing import final_answer
+
+        return [final_answer(r) for r in responses] if self.answer_only else list(responses)
 
     def _count(self, key: str, amount: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + amount
@@ -211,8 +221,9 @@ class PointwiseJudge(_Judge):
     """A score on ``scale`` per (prompt, response); None when no reply could be parsed."""
 
     def __init__(self, backend: Backend | Callable, *, template: str = "pointwise", scale: tuple[float, float] = (1, 10),
-                 samples: int = 1, principle: str | None = None, closer: Callable[[], None] | None = None) -> None:
-        super().__init__(backend, template, principle, closer)
+                 samples: int = 1, principle: str | None = None, closer: Callable[[], None] | None = None,
+                 answer_only: bool = False) -> None:
+        super().__init__(backend, template, principle, closer, answer_only)
         if samples < 1 or scale[0] >= scale[1]:
             raise ValueError(f"need samples >= 1 and scale low < high; got samples={samples}, scale={scale}")
         self.scale, self.samples = (float(scale[0]), float(scale[1])), samples
@@ -223,7 +234,7 @@ class PointwiseJudge(_Judge):
         if not prompts:
             return []
         texts = [render_template(self.template, prompt=p, response=r, principle=self.principle, scale=self.scale)
-                 for p, r in zip(prompts, responses, strict=True)]
+                 for p, r in zip(prompts, self._shown(responses), strict=True)]
         out: list[float | None] = []
         for replies in self.backend(texts, self.samples):
             scores = [parse_score(reply, *self.scale) for reply in replies]
@@ -243,13 +254,14 @@ class PairwiseJudge(_Judge):
     """``P(a beats b)`` per pair: 1, 0, 0.5 (a tie or orders that disagree), or None (unparseable)."""
 
     def __init__(self, backend: Backend | Callable, *, template: str = "pairwise", swap: bool = True,
-                 principle: str | None = None, closer: Callable[[], None] | None = None) -> None:
-        super().__init__(backend, template, principle, closer)
+                 principle: str | None = None, closer: Callable[[], None] | None = None,
+                 answer_only: bool = False) -> None:
+        super().__init__(backend, template, principle, closer, answer_only)
         self.swap = swap
 
     def _ask(self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> list[str | None]:
         texts = [render_template(self.template, prompt=p, response_a=a, response_b=b, principle=self.principle)
-                 for p, a, b in zip(prompts, first, second, strict=True)]
+                 for p, a, b in zip(prompts, self._shown(first), self._shown(second), strict=True)]
         verdicts = [parse_verdict(replies[0]) for replies in self.backend(texts, 1)]
         self._count("replies", len(verdicts))
         self._count("unparseable", sum(v is None for v in verdicts))

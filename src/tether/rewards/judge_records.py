@@ -150,14 +150,17 @@ def _another_wrong(correct: str, wrong: str, rng: random.Random) -> str | None:
 
 def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, template: str,
                          scale: tuple[float, float] = (0.0, 1.0), solve_first: bool = False,
-                         check: str = "solve", letters: bool = False) -> list[dict]:
+                         check: str = "solve", letters: bool = False, answers_only: bool = False) -> list[dict]:
     """Pointwise judge records from a policy's own ``(prompt, response, gold answer)`` samples, each scored by
     the task's verifier (``scale[1]`` right, ``scale[0]`` wrong): the judge learns the errors the policy it will
     judge makes, which synthetic negatives may miss. With ``solve_first`` the reply is
     ``Answer:<seen> <think>the task's worked solution</think><answer> <digit check> Score: N`` as in
     :func:`judge_records` (the task needs ``solve(prompt)``); ``check="inverse"``: :func:`inverse_check`;
     ``check="steps"``: :func:`steps_check`, and the score is the step check's (a right answer through a wrong
-    step scores ``scale[0]``); ``letters``: the judge's work in the letter digits (:func:`pointwise_reply`)."""
+    step scores ``scale[0]``); ``letters``: the judge's work in the letter digits (:func:`pointwise_reply`);
+    ``answers_only``: the judge prompt shows each response's final answer, as a judge with ``answer_only`` sees
+    it (:func:`tether.rewards.routing.final_answer`)."""
+    from tether.rewards.routing import final_answer
     from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer
 
     _check_judge_task(task, solve_first, check, "pointwise", letters)
@@ -173,7 +176,8 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
             problem = solve(prompt)
             work = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
         value = _scored(check, work, response, task.verify(response, answer) == 1.0, scale)
-        out.append({"prompt": render_template(template_text, prompt=prompt, response=response, scale=scale),
+        shown = final_answer(response) if answers_only else response
+        out.append({"prompt": render_template(template_text, prompt=prompt, response=shown, scale=scale),
                     "completion": pointwise_reply(task, prompt, seen, value, check=check, work=work,
                                                   letters=letters, response=response)})
     return out

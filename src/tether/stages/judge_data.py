@@ -36,7 +36,8 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
         torch.set_num_threads(cfg.train.threads)
         own = policy_samples(task, cfg.policy, seed=source.seed)
         rows += sample_judge_records(task, own, template=cfg.template, scale=cfg.scale, solve_first=cfg.solve_first,
-                                     check=cfg.check, letters=cfg.work_digits == "letters")
+                                     check=cfg.check, letters=cfg.work_digits == "letters",
+                                     answers_only=cfg.responses == "answers")
         sampled = len(own)
     if cfg.sft_n:
         rows += sft_records(task, cfg.sft_n, seed=source.seed + 1, think=cfg.sft_think)
