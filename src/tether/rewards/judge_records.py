@@ -161,7 +161,7 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
     ``answers_only``: the judge prompt shows each response's final answer, as a judge with ``answer_only`` sees
     it (:func:`tether.rewards.routing.final_answer`)."""
     from tether.rewards.routing import final_answer
-    from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer
+    from tether.tasks.base import extract_answer, format_completion
 
     _check_judge_task(task, solve_first, check, "pointwise", letters)
     template_text = load_template(template)
@@ -173,8 +173,7 @@ def sample_judge_records(task: Any, samples: Sequence[tuple[str, str, str]], *, 
         seen = extract_answer(response)
         work = None
         if solve_first and check in ("solve", "steps"):
-            problem = solve(prompt)
-            work = f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
+            work = format_completion(solve(prompt), think=True)
         value = _scored(check, work, response, task.verify(response, answer) == 1.0, scale)
         shown = final_answer(response) if answers_only else response
         out.append({"prompt": render_template(template_text, prompt=prompt, response=shown, scale=scale),

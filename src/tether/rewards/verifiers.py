@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 import tether.tasks  # noqa: F401  (registers the built-in tasks that ``accuracy`` looks up)
 from tether.core.registry import Registry
 from tether.core.text_metrics import LETTER_DIGITS, OWN_DIGITS, cot_consistency
-from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer, get_task
+from tether.tasks.base import THINK_CLOSE, THINK_OPEN, extract_answer, format_completion, get_task
 
 RewardFunction = Callable[..., list[float | None]]
 
@@ -328,6 +328,6 @@ def worked_solution_reward(
     scores: list[float | None] = []
     for prompt, completion in zip(prompts, completions, strict=True):
         problem = solve(prompt) if isinstance(prompt, str) else None
-        expected = None if problem is None else f"{THINK_OPEN}{problem.reasoning}{THINK_CLOSE}{problem.answer}"
+        expected = None if problem is None else format_completion(problem, think=True)
         scores.append(None if expected is None else float(completion.strip() == expected))
     return scores
