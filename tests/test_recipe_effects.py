@@ -22,6 +22,7 @@ EFFECTS = [
     ("dpo-onpolicy-arithmetic", "orpo", "gain/accuracy", "at least", 0.12, 0.0),  # +13.9 +- 1.3, [+10.7, +17.2]
     ("online-dpo-arithmetic", "online_dpo", "gain/accuracy", "at least", 0.10, 0.0),  # +16.8 +- 5.7, [+2.6, +31.1]
     ("oaif-arithmetic", "oaif", "gain/accuracy", "at least", 0.12, 0.0),  # +15.4 +- 3.4, [+6.9, +23.8]
+    ("self-rewarding", "self_rewarding", "gain/accuracy", "at least", 0.03, 0.0),  # +4.8 +- 1.5, [+1.1, +8.6]
     ("judge-arithmetic", "judge_eval", "synthetic/position_consistency", "at least", 0.85, 0.5),  # 91.0 +- 4.6%
     ("rest-arithmetic", "rest", "accuracy", "at least", 0.60, 0.35),  # 72.7 +- 11.4% (after SFT 41.7%)
     ("agent-arithmetic", "grpo", "success", "at least", 0.65, 0.5),  # 73.0 +- 2.6% (after SFT 0%)

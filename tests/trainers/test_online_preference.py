@@ -239,13 +239,15 @@ def test_oaif_arithmetic_recipe_judges_over_http(tmp_path):
 def test_self_rewarding_recipe_runs_with_the_policy_as_judge(tmp_path):
     results = _run("self-rewarding", tmp_path)
     judge, figures = results["judge_eval"], results["self_rewarding"]
-    # judging in letter digits does not teach answering: the seed model is not saturated (99.9% with its judge
-    # working in digits). Seed 0 has the weakest judge of the three measured (2026-12-03: 79% of its decided own
-    # pairs right, 18% of wrong-vs-wrong decided, 85% of round-1 pairs right; docs/loops/online-dpo.md)
-    assert 0.5 <= figures["before/accuracy"] <= 0.9, figures
-    assert judge["policy/decisive_accuracy"] >= 0.75 and judge["policy_wrong/decisive_rate"] <= 0.25, judge
-    assert figures["accuracy"] > 0 and figures["round_1/pairs"] > 0
-    assert figures["round_1/audit/pair_agreement"] >= 0.8, figures
+    # judging in letter digits does not teach answering, and 150 IFT steps leave room: the seed model answered
+    # 36-39% (2026-12-03, seeds 0-2). Its judge reads final answers only, so it cannot copy a wrong step: it
+    # decided 91-95% of its own right-vs-wrong pairs, 98-100% of them right, and 5-13% of wrong-vs-wrong ones
+    assert 0.25 <= figures["before/accuracy"] <= 0.6, figures
+    assert judge["synthetic/decisive_accuracy"] >= 0.95 and judge["synthetic/decisive_rate"] >= 0.85, judge
+    assert judge["policy/decisive_accuracy"] >= 0.95 and judge["policy_wrong/decisive_rate"] <= 0.2, judge
+    assert figures["round_1/pairs"] > 100 and figures["round_1/audit/pair_agreement"] >= 0.95, figures
+    assert figures["round_1/audit/chosen_mean"] >= 0.75, figures  # 80-94% of the pairs choose a right answer
+    assert figures["accuracy"] > figures["before/accuracy"], figures  # +3.9 to +6.6 points in each of 3 seeds
 
 
 def test_every_round_logs_the_sampler_trainer_mismatch(tmp_path):
