@@ -97,19 +97,19 @@ def test_gradients_match_one_forward_per_sequence(model, always_share):
     assert always_share
 
 
-def test_only_if_cheaper_asks_the_cost_model(model, monkeypatch):
+def test_auto_sharing_asks_the_cost_model(model, monkeypatch):
     calls = []
     original = logprobs_module.pack_prefix_groups
     monkeypatch.setattr(logprobs_module, "pack_prefix_groups", lambda *a, **k: calls.append(1) or original(*a, **k))
     long_prefix = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]]
     layout = dict(first_targets=[1, 1], groups=[0, 0], row_tokens=64, pad_token_id=0)
-    token_logprobs(model, long_prefix, only_if_cheaper=True, **layout)
+    token_logprobs(model, long_prefix, prefix_sharing="auto", **layout)
     assert calls == [1]  # a 10-token prefix of 11-token sequences: sharing pays
     monkeypatch.setattr(logprobs_module, "sharing_pays", lambda *a, **k: False)
-    token_logprobs(model, long_prefix, only_if_cheaper=True, **layout)
+    token_logprobs(model, long_prefix, prefix_sharing="auto", **layout)
     assert calls == [1]  # the cost model said no: packed side by side
     token_logprobs(model, long_prefix, **layout)
-    assert calls == [1, 1]  # without only_if_cheaper groups always share
+    assert calls == [1, 1]  # prefix_sharing=True: groups always share
 
 
 def test_models_without_custom_masks_fall_back_to_plain_packing(model, monkeypatch):

@@ -1,6 +1,7 @@
-"""The sampler beside the trainer: zero mismatch on the fp32 HF engine (both update layouts, agent episodes),
-``mismatch/*`` in every RL-type stage, ``old_logprobs: sampler`` skips the recompute pass, and a perturbed
-sampler gives the hand-computed mismatch and corrections."""
+"""The sampler beside the trainer: zero mismatch on the fp32 HF engine (each update layout: prefix-shared
+under a row mask or with cascade attention, packed; agent episodes), ``mismatch/*`` in every RL-type stage,
+``old_logprobs: sampler`` skips the recompute pass, and a perturbed sampler gives the hand-computed mismatch
+and corrections."""
 
 import math
 import sys
@@ -21,7 +22,7 @@ KEYS = {"mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mism
         "mismatch/is_ratio_mean", "mismatch/is_ratio_max"}
 
 
-@pytest.mark.parametrize("share", [True, False], ids=["prefix-shared", "packed"])
+@pytest.mark.parametrize("share", [True, "cascade", False], ids=["prefix-shared", "cascade", "packed"])
 @pytest.mark.parametrize("reuse", [1, 2], ids=["one-pass", "recomputed"])
 def test_fp32_hf_engine_has_no_mismatch(tmp_path, share, reuse):
     t = test_rl.trainer(tmp_path, test_rl.config(prefix_sharing=share, num_iterations=reuse))
@@ -31,7 +32,7 @@ def test_fp32_hf_engine_has_no_mismatch(tmp_path, share, reuse):
         assert float(m["mismatch/tokens"]) > 0
 
 
-@pytest.mark.parametrize("share", [True, False], ids=["prefix-shared", "packed"])
+@pytest.mark.parametrize("share", [True, "cascade", False], ids=["prefix-shared", "cascade", "packed"])
 def test_agent_episodes_have_no_mismatch_and_observations_no_sampler_logprob(tmp_path, share):
     t = test_agent.trainer(tmp_path, test_agent.config(prefix_sharing=share,
                                                        train={"max_steps": 2, "batch_size": 2, "progress": False}))

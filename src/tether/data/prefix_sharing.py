@@ -58,7 +58,9 @@ class PrefixPacked:
 
     ``input_ids`` / ``position_ids``: (R, L); ``allowed``: (R, L, L) bool, ``allowed[r, q, k]``
     when token q may attend to token k; ``rows`` (N,) and ``columns`` (N, T): token t of sequence
-    i sits at ``(rows[i], columns[i, t])`` (-1 past its end); ``shared_tokens``: the tokens saved.
+    i sits at ``(rows[i], columns[i, t])`` (-1 past its end); ``shared_tokens``: the tokens saved;
+    ``spans``: each segment as ``(row, prefix start, prefix length, [(suffix start, suffix length), ...])``
+    in columns of its row (what cascade attention, :mod:`tether.models.cascade_attention`, reads).
     """
 
     input_ids: torch.Tensor
@@ -67,6 +69,7 @@ class PrefixPacked:
     rows: torch.Tensor
     columns: torch.Tensor
     shared_tokens: int
+    spans: list[tuple[int, int, int, list[tuple[int, int]]]]
 
     def model_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
         """``model(**...)`` arguments: the 4-D mask in the form ``model``'s attention expects."""
@@ -140,6 +143,7 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
     branch = torch.zeros((n_rows, width), dtype=torch.long)
     rows = torch.zeros(len(sequences), dtype=torch.long)
     columns = torch.full((len(sequences), max(len(s) for s in sequences)), -1, dtype=torch.long)
+    spans = []
     for r, segs in enumerate(bins):
         offset = 0
         for s in sorted(segs):
@@ -149,6 +153,7 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
             positions[r, offset:offset + p] = torch.arange(p)
             prefix_cols = torch.arange(offset, offset + p)
             cursor = offset + p
+            suffixes = []
             for b, i in enumerate(segments[s], start=1):
                 own = len(sequences[i]) - p
                 input_ids[r, cursor:cursor + own] = torch.as_tensor(sequences[i][p:], dtype=torch.long)
@@ -156,11 +161,13 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
                 branch[r, cursor:cursor + own] = b
                 rows[i] = r
                 columns[i, :p + own] = torch.cat([prefix_cols, torch.arange(cursor, cursor + own)])
+                suffixes.append((cursor, own))
                 cursor += own
+            spans.append((r, offset, p, suffixes))
             segment[r, offset:cursor] = s
             offset = cursor
     q, k = segment[:, :, None], segment[:, None, :]
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     allowed = (q == k) & causal & ((branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :]))
     shared = sum(p * (len(seg) - 1) for seg, p in zip(segments, prefixes, strict=True))
-    return PrefixPacked(input_ids, positions, allowed, rows, columns, shared)
+    return PrefixPacked(input_ids, positions, allowed, rows, columns, shared, spans)

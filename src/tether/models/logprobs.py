@@ -35,7 +35,13 @@ from tether.data.prefix_sharing import (
     supports_custom_masks,
 )
 from tether.data.tokenize import TokenizedExample
+from tether.models.cascade_attention import cascade_forward, supports_cascade
 from tether.models.reward_model import layout_sequences
+
+PrefixSharing = bool | Literal["auto", "cascade"]
+"""How a group's common prefix is computed: once under a dense row mask (True), only where that is
+cheaper (``"auto"``, :func:`~tether.data.prefix_sharing.sharing_pays`), once with cascade attention
+(``"cascade"``, :mod:`tether.models.cascade_attention`), or not shared (False)."""
 
 
 @dataclass
@@ -83,7 +89,7 @@ class ScoredForward:
 
 def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *, first_targets: Sequence[int],
                    groups: Sequence[int] | None = None, row_tokens: int, pad_token_id: int,
-                   only_if_cheaper: bool = False) -> ScoredForward:
+                   prefix_sharing: PrefixSharing = True) -> ScoredForward:
     """Each sequence's tokens from ``first_targets[i]`` on, scored by one packed forward of ``model``
     (see :func:`token_logprobs`)."""
     device = next(model.parameters()).device
@@ -91,18 +97,27 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     first = torch.as_tensor(list(first_targets), dtype=torch.long)
     if bool((first < 1).any()) or bool((first > lengths).any()):
         raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
-    if (groups is not None and supports_custom_masks(model)
-            and (not only_if_cheaper
-                 or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model)))):
+    if prefix_sharing not in (True, False, "auto", "cascade"):
+        raise ValueError(f"prefix_sharing must be true, false, 'auto' or 'cascade', not {prefix_sharing!r}")
+    cascade = groups is not None and prefix_sharing == "cascade" and supports_cascade(model)
+    masked = (groups is not None and prefix_sharing is not False and not cascade and supports_custom_masks(model)
+              and (prefix_sharing != "auto"
+                   or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model))))
+    if cascade or masked:
         packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
-        inputs, rows, columns = packed.model_inputs(model), packed.rows, packed.columns
+        rows, columns, width_in = packed.rows, packed.columns, packed.input_ids.shape[1]
+        if cascade:
+            logits = cascade_forward(model, packed).logits
+        else:
+            inputs = packed.model_inputs(model)
+            logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
     else:
         plain = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
         inputs, rows = plain.model_inputs(), plain.rows
         steps = torch.arange(int(lengths.max()))
         columns = torch.where(steps[None, :] < lengths[:, None], plain.starts[:, None] + steps[None, :], -1)
-    width_in = inputs["input_ids"].shape[1]
-    logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
+        width_in = inputs["input_ids"].shape[1]
+        logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
 
     width = int((lengths - first).max())
     j = torch.arange(width)
@@ -123,33 +138,35 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
 def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *,
                             first_targets: Sequence[int], groups: Sequence[int] | None = None,
                             temperature: float = 1.0, row_tokens: int, pad_token_id: int,
-                            with_entropy: bool = False, entropy_grad: bool = False, only_if_cheaper: bool = False
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                            with_entropy: bool = False, entropy_grad: bool = False,
+                            prefix_sharing: PrefixSharing = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of each sequence's tokens from ``first_targets[i]`` on, one packed forward.
 
     Returns ``(logps, valid, entropy)``, each (N, W) with W the most scored tokens of any sequence:
     ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
     ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
     from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
-    ``groups`` id share their common prefix when the model takes custom masks (and, with
-    ``only_if_cheaper``, when :func:`sharing_pays`); otherwise (or with ``groups=None``) they are
-    packed side by side.
+    ``groups`` id share their common prefix as ``prefix_sharing`` says (:data:`PrefixSharing`): under a
+    dense row mask when the model takes custom masks (with ``"auto"`` only when :func:`sharing_pays`),
+    or with cascade attention when the model dispatches attention through transformers'
+    ``AttentionInterface``; otherwise (or with ``groups=None``) they are packed side by side.
     """
     scored = scored_forward(model, sequences, first_targets=first_targets, groups=groups, row_tokens=row_tokens,
-                            pad_token_id=pad_token_id, only_if_cheaper=only_if_cheaper)
+                            pad_token_id=pad_token_id, prefix_sharing=prefix_sharing)
     entropy = scored.entropy(temperature, grad=entropy_grad) if with_entropy else None
     return scored.logprobs(temperature), scored.valid, entropy
 
 
 def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], *,
                         temperature: float, row_tokens: int, pad_token_id: int, with_entropy: bool = False,
-                        entropy_grad: bool = False, share_prompts: bool | Literal["auto"] = True
+                        entropy_grad: bool = False, share_prompts: PrefixSharing = True
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of each completion given its prompt, shape (N, C).
 
     The prompt+completion sequences are packed; with ``share_prompts`` the completions of one prompt
     (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`);
-    ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`).
+    ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`);
+    ``"cascade"``: always, with cascade attention (:mod:`tether.models.cascade_attention`).
     Position j of row i scores ``completions[i][j]``; positions past a completion's length are 0.
     """
     index: dict[tuple[int, ...], int] = {}
@@ -157,19 +174,19 @@ def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], comple
     logps, _, entropy = token_logprobs(
         model, [p + c for p, c in zip(prompts, completions, strict=True)], first_targets=[len(p) for p in prompts],
         groups=groups, temperature=temperature, row_tokens=row_tokens, pad_token_id=pad_token_id,
-        with_entropy=with_entropy, entropy_grad=entropy_grad, only_if_cheaper=share_prompts == "auto")
+        with_entropy=with_entropy, entropy_grad=entropy_grad, prefix_sharing=share_prompts)
     return logps, entropy
 
 
 def example_logprobs(model: torch.nn.Module, examples: Sequence[TokenizedExample], *, row_tokens: int,
                          pad_token_id: int, packing: bool = True, groups: Sequence[int] | None = None,
-                         only_if_cheaper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         prefix_sharing: PrefixSharing = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each example's loss tokens, from one forward pass.
 
     Returns ``(token_logps, mask)``, both shape (N, T): ``token_logps[i, j]`` is the log-prob of the
     j-th token of example i from its first loss token on, where ``mask[i, j]`` (that token is a loss
     token), 0 elsewhere. Packed by default; examples with the same ``groups`` id (a pair's chosen and
-    rejected) then share their common prefix (:mod:`tether.data.prefix_sharing`). With
+    rejected) then share their common prefix as ``prefix_sharing`` says (:data:`PrefixSharing`). With
     ``packing=False`` one right-padded row per example.
     """
     if not packing:
@@ -177,7 +194,7 @@ def example_logprobs(model: torch.nn.Module, examples: Sequence[TokenizedExample
     first = _first_loss_tokens(examples)
     logps, valid, _ = token_logprobs(model, [e.input_ids for e in examples], first_targets=first,
                                               groups=groups, row_tokens=row_tokens, pad_token_id=pad_token_id,
-                                              only_if_cheaper=only_if_cheaper)
+                                              prefix_sharing=prefix_sharing)
     mask = _loss_mask(examples, first, valid)
     return torch.where(mask, logps, 0.0), mask
 
@@ -195,13 +212,15 @@ def _loss_mask(examples: Sequence[TokenizedExample], first: list[int], valid: to
 
 def example_sequential_kl(model: torch.nn.Module, reference_model: torch.nn.Module,
                           examples: Sequence[TokenizedExample], *, row_tokens: int, pad_token_id: int,
-                          groups: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          groups: Sequence[int] | None = None, prefix_sharing: PrefixSharing = True
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`example_logprobs` under ``model`` and each example's sequential KL to ``reference_model``:
     ``Σ_t KL(π_ref(·|x, y<t) ‖ π(·|x, y<t))`` over its loss tokens (TDPO; :func:`~tether.core.token_preference.position_kl`),
     shape (N,), differentiable in ``model``. Both models see the same packed layout; the reference's
     forward runs without gradients. Packed layouts only (``data.packing: true``)."""
     first = _first_loss_tokens(examples)
-    kwargs = {"first_targets": first, "groups": groups, "row_tokens": row_tokens, "pad_token_id": pad_token_id}
+    kwargs = {"first_targets": first, "groups": groups, "row_tokens": row_tokens, "pad_token_id": pad_token_id,
+              "prefix_sharing": prefix_sharing}
     policy = scored_forward(model, [e.input_ids for e in examples], **kwargs)
     with torch.no_grad():
         reference = scored_forward(reference_model, [e.input_ids for e in examples], **kwargs)
@@ -230,7 +249,7 @@ def _padded_example_logprobs(model: torch.nn.Module, examples: Sequence[Tokenize
 
 def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_chosen: torch.Tensor | None,
                 ref_rejected: torch.Tensor | None, *, wpo: bool, row_tokens: int, pad_token_id: int,
-                packing: bool = True, prefix_sharing: bool | str = True,
+                packing: bool = True, prefix_sharing: PrefixSharing = True,
                 reference_model: torch.nn.Module | None = None, turns: bool = False) -> PreferenceInputs:
     """Summed completion log-probs of chosen and rejected under ``model`` (one forward pass; packed,
     a pair's common prefix computed once with ``prefix_sharing``), with the given reference log-probs
@@ -249,7 +268,8 @@ def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_
         groups = list(range(b)) * 2 if prefix_sharing else None
         tok, mask, seq_kl = example_sequential_kl(model, reference_model, [p.chosen for p in pairs]
                                                   + [p.rejected for p in pairs], row_tokens=row_tokens,
-                                                  pad_token_id=pad_token_id, groups=groups)
+                                                  pad_token_id=pad_token_id, groups=groups,
+                                                  prefix_sharing=prefix_sharing)
     logps = sequence_logprobs(tok, mask, average=False)
     lengths = mask.sum(-1).float()
     weights = wpo_weights(tok[:b], mask[:b], tok[b:], mask[b:]) if wpo else None
@@ -268,10 +288,10 @@ def preference_inputs(model: torch.nn.Module, pairs: Sequence[PairExample], ref_
 
 
 def pair_logprobs(model: torch.nn.Module, pairs: Sequence[PairExample], *, row_tokens: int, pad_token_id: int,
-                     packing: bool = True, prefix_sharing: bool | str = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``example_logprobs`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``
-    (``prefix_sharing="auto"``: shared only where that is cheaper)."""
+                     packing: bool = True, prefix_sharing: PrefixSharing = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``example_logprobs`` of the chosen (rows ``:B``) then the rejected (rows ``B:``) of ``pairs``, each
+    pair's common prefix shared as ``prefix_sharing`` says (:data:`PrefixSharing`)."""
     groups = list(range(len(pairs))) * 2 if prefix_sharing else None
     return example_logprobs(model, [p.chosen for p in pairs] + [p.rejected for p in pairs], row_tokens=row_tokens,
                             pad_token_id=pad_token_id, packing=packing, groups=groups,
-                            only_if_cheaper=prefix_sharing == "auto")
+                            prefix_sharing=prefix_sharing)

@@ -21,7 +21,7 @@ from tether.core.preference import PreferenceInputs
 from tether.core.turn_preference import turn_sums
 from tether.data.pairs import PairExample
 from tether.data.schedule import chunks
-from tether.models.logprobs import pair_logprobs
+from tether.models.logprobs import PrefixSharing, pair_logprobs
 
 
 def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -32,7 +32,7 @@ def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
 @torch.no_grad()
 def pair_reference_logprobs(model: torch.nn.Module, pairs: Sequence[PairExample], *, batch_size: int,
                             turns: bool, row_tokens: int, pad_token_id: int, packing: bool,
-                            prefix_sharing: bool | str) -> dict[str, torch.Tensor]:
+                            prefix_sharing: PrefixSharing) -> dict[str, torch.Tensor]:
     """``{"chosen": (N,), "rejected": (N,)}`` summed completion log-probs under ``model``'s current weights
     (call it in eval mode), in chunks of ``batch_size`` pairs laid out as in training; with ``turns`` also
     ``"chosen_turns"`` (N, K) and ``"rejected_turns"`` (N, K'), each assistant turn's sum, and the turn counts

@@ -1,0 +1,168 @@
+"""Cascade attention over prefix-shared packed rows: each shared prefix attended once, no dense row mask.
+
+A prefix-shared row (:mod:`tether.data.prefix_sharing`) lays a group out as its common prefix followed by
+each member's own suffix. With a dense 4-D mask every query of the row is scored against every column
+of it, ``W^2`` pairs for a row of width ``W``, nearly all of them masked out. Cascade attention computes
+the same softmax over the same keys in two parts, as shared-prefix inference kernels do (Juravsky et al.
+2024, "Hydragen: High-Throughput LLM Inference with Shared Prefixes"; Ye et al. 2024, FlashInfer's
+cascade attention):
+
+- the prefix's own causal attention, once per segment: ``softmax(q_p K_p^T / sqrt(d)) V_p`` over its
+  ``P`` tokens;
+- each suffix token's attention over its segment's prefix and its own earlier suffix tokens,
+  ``softmax(q_s [K_p; K_s]^T / sqrt(d)) [V_p; V_s]`` (causal within the suffix).
+
+The keys each query sees are exactly those the dense mask allows, so outputs agree with it up to float
+rounding (tested, gradients too), at ``sum P^2 + sum s (P + s)`` scored pairs instead of ``W^2`` per row.
+Here the two parts are batched SDPA calls over gathered segments and suffixes (the prefix keys gathered
+once per suffix), and their outputs are scattered back to the row layout; padding columns get zeros.
+
+:func:`cascade_forward` runs a model this way: it registers ``tether_cascade`` with transformers'
+``AttentionInterface`` and switches the model's attention to it for one forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from tether.data.prefix_sharing import PrefixPacked
+
+CASCADE_ATTENTION = "tether_cascade"
+
+
+@dataclass
+class CascadeLayout:
+    """Where the two parts of cascade attention read and write, as flat indices into ``rows * width``.
+
+    ``prefix_tokens`` (S, P): each prefix-sharing segment's prefix (0-padded), ``prefix_mask`` (S, 1, P, P);
+    ``suffix_queries`` (M, Q): each suffix's tokens, ``suffix_keys`` (M, P + Q): its segment's prefix, then
+    itself, ``suffix_mask`` (M, 1, Q, P + Q); ``prefix_valid`` / ``suffix_valid``: the real query slots;
+    ``order`` (rows * width,): for each row position, its output's index among the prefix outputs, then
+    the suffix outputs, then one zero row (padding).
+    """
+
+    prefix_tokens: torch.Tensor
+    prefix_mask: torch.Tensor
+    prefix_valid: torch.Tensor
+    suffix_queries: torch.Tensor
+    suffix_keys: torch.Tensor
+    suffix_mask: torch.Tensor
+    suffix_valid: torch.Tensor
+    order: torch.Tensor
+    shape: tuple[int, int]
+
+    def to(self, device: torch.device | str) -> CascadeLayout:
+        moved = {k: v.to(device) if torch.is_tensor(v) else v for k, v in vars(self).items()}
+        return CascadeLayout(**moved)
+
+    def scored_pairs(self) -> int:
+        """Query-key pairs the two batched calls score (padding included)."""
+        return int(self.prefix_mask[..., 0, :, :].numel() + self.suffix_mask[..., 0, :, :].numel())
+
+
+def cascade_layout(packed: PrefixPacked) -> CascadeLayout:
+    """The cascade layout of ``packed``'s segments (a segment without a shared prefix is one suffix)."""
+    n_rows, width = packed.input_ids.shape
+    prefixes = [(r * width + start, length) for r, start, length, _ in packed.spans if length > 0]
+    suffixes = [(r * width + start, length, r * width + s_start, s_len)
+                for r, start, length, members in packed.spans for s_start, s_len in members]
+    p_max = max((length for _, length in prefixes), default=0)
+    q_max = max(s_len for *_, s_len in suffixes)
+    steps_p, steps_q = torch.arange(p_max), torch.arange(q_max)
+
+    p_start = torch.tensor([s for s, _ in prefixes], dtype=torch.long).view(-1, 1)
+    p_len = torch.tensor([n for _, n in prefixes], dtype=torch.long).view(-1, 1)
+    prefix_valid = steps_p[None, :] < p_len
+    prefix_tokens = torch.where(prefix_valid, p_start + steps_p[None, :], 0)
+    prefix_mask = (steps_p[None, :, None] >= steps_p[None, None, :]) & prefix_valid[:, None, :]
+
+    seg_start, seg_len, s_start, s_len = (torch.tensor(c, dtype=torch.long).view(-1, 1) for c in zip(*suffixes,
+                                                                                                  strict=True))
+    suffix_valid = steps_q[None, :] < s_len
+    suffix_queries = torch.where(suffix_valid, s_start + steps_q[None, :], 0)
+    key_in_prefix = steps_p[None, :] < seg_len
+    suffix_keys = torch.cat([torch.where(key_in_prefix, seg_start + steps_p[None, :], 0), suffix_queries], dim=1)
+    own = (steps_q[None, :, None] >= steps_q[None, None, :]) & suffix_valid[:, None, :]
+    suffix_mask = torch.cat([key_in_prefix[:, None, :].expand(-1, q_max, -1), own], dim=2)
+
+    order = torch.full((n_rows * width,), int(prefix_valid.sum() + suffix_valid.sum()), dtype=torch.long)
+    written = torch.cat([prefix_tokens[prefix_valid], suffix_queries[suffix_valid]])
+    order[written] = torch.arange(written.numel())
+    return CascadeLayout(prefix_tokens, prefix_mask[:, None], prefix_valid, suffix_queries, suffix_keys,
+                         suffix_mask[:, None], suffix_valid, order, (n_rows, width))
+
+
+def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``states`` (B, H, L, D) at flat token ``index`` (N, K): (N, H, K, D)."""
+    flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])
+    return flat[index].transpose(1, 2)
+
+
+def cascade_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      cascade: CascadeLayout | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """A transformers attention function: cascade attention when given a ``cascade`` layout, SDPA otherwise.
+    ``query`` (B, H, L, D), ``key`` / ``value`` (B, H_kv, L, D); returns (B, L, H, D)."""
+    if cascade is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    options = {"scale": scaling, "dropout_p": dropout if module.training else 0.0,
+               "enable_gqa": query.shape[1] != key.shape[1]}
+    parts = []
+    if cascade.prefix_tokens.numel():
+        idx = cascade.prefix_tokens
+        out = F.scaled_dot_product_attention(_gather(query, idx), _gather(key, idx), _gather(value, idx),
+                                             attn_mask=cascade.prefix_mask, **options)
+        parts.append(out.transpose(1, 2)[cascade.prefix_valid])
+    keys = cascade.suffix_keys
+    out = F.scaled_dot_product_attention(_gather(query, cascade.suffix_queries), _gather(key, keys),
+                                         _gather(value, keys), attn_mask=cascade.suffix_mask, **options)
+    parts.append(out.transpose(1, 2)[cascade.suffix_valid])
+    parts.append(query.new_zeros((1, query.shape[1], query.shape[3])))
+    rows, width = cascade.shape
+    return torch.cat(parts)[cascade.order].view(rows, width, query.shape[1], query.shape[3]), None
+
+
+AttentionInterface.register(CASCADE_ATTENTION, cascade_attention)
+
+
+def supports_cascade(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs its attention through transformers' ``AttentionInterface`` (so the cascade
+    layout reaches every layer): a transformers model that declares it, with an unwrapped config."""
+    config = getattr(model, "config", None)
+    backend = getattr(getattr(model, "get_base_model", lambda: model)(), "_supports_attention_backend", False)
+    return bool(backend) and hasattr(config, "_attn_implementation")
+
+
+@contextmanager
+def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Run ``model`` with the registered attention function ``name`` inside the block."""
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def cascade_inputs(packed: PrefixPacked) -> dict[str, Any]:
+    """``model(**...)`` arguments for a cascade forward of ``packed`` (no mask: the layout replaces it)."""
+    return {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+            "cascade": cascade_layout(packed), "use_cache": False}
+
+
+def cascade_forward(model: torch.nn.Module, packed: PrefixPacked) -> Any:
+    """``model``'s output on ``packed`` with cascade attention in every layer."""
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in cascade_inputs(packed).items() if k != "use_cache"}
+    with attention_implementation(model, CASCADE_ATTENTION):
+        return model(**inputs, use_cache=False)

@@ -1,0 +1,140 @@
+"""Cascade attention: the same logits and gradients as the dense prefix-sharing mask and as one forward per
+sequence, fewer scored pairs, and the model's own attention restored afterwards."""
+
+import pytest
+import torch
+
+import tether.models.logprobs as logprobs_module
+from tether.data.pairs import PairExample
+from tether.data.prefix_sharing import pack_prefix_groups
+from tether.data.tokenize import TokenizedExample
+from tether.models import build_tiny
+from tether.models.cascade_attention import (
+    attention_implementation,
+    cascade_attention,
+    cascade_forward,
+    cascade_layout,
+    supports_cascade,
+)
+from tether.models.logprobs import completion_logprobs, pair_logprobs, token_logprobs
+
+
+def groups_of_sequences(seed=0):
+    """Three prompts with members of different lengths, a pair sharing more than its prompt, and a group of
+    one (a segment without a shared prefix)."""
+    g = torch.Generator().manual_seed(seed)
+    sequences, groups = [], []
+    for k, n in enumerate((7, 3, 12)):
+        prompt = torch.randint(3, 60, (n,), generator=g).tolist()
+        for tail in ([7, 8, 9], [7, 8, 11, 12, 13], [20], [21, 22, 23, 24, 25, 26]):
+            sequences.append(prompt + tail)
+            groups.append(k)
+    sequences.append([4, 5, 6])
+    groups.append(99)
+    return sequences, groups
+
+
+@pytest.fixture(scope="module", params=[4, 2], ids=["mha", "gqa"])
+def model(request):
+    model, _ = build_tiny(seed=1, num_key_value_heads=request.param)
+    return model.eval()
+
+
+def dense_logits(model, packed):
+    return model(**packed.model_inputs(model)).logits
+
+
+def test_logits_match_the_dense_mask(model):
+    sequences, groups = groups_of_sequences()
+    packed = pack_prefix_groups(sequences, groups, row_tokens=40, pad_token_id=0)
+    assert packed.input_ids.shape[0] > 1  # several rows, several segments to a row
+    with torch.no_grad():
+        cascade, dense = cascade_forward(model, packed).logits, dense_logits(model, packed)
+    real = packed.input_ids != 0
+    torch.testing.assert_close(cascade[real], dense[real], atol=2e-5, rtol=1e-5)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_gradients_match_the_dense_mask(model):
+    sequences, groups = groups_of_sequences(seed=3)
+    packed = pack_prefix_groups(sequences, groups, row_tokens=64, pad_token_id=0)
+    weights = torch.randn((*packed.input_ids.shape, model.config.vocab_size), generator=torch.Generator()
+                          .manual_seed(0)) * (packed.input_ids != 0)[..., None]
+
+    def grads(forward):
+        model.zero_grad()
+        (forward(model, packed).log_softmax(-1) * weights).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for a, b in zip(grads(lambda m, p: cascade_forward(m, p).logits), grads(dense_logits), strict=True):
+        assert (a - b).norm() <= 1e-5 * b.norm()
+
+
+def test_log_probs_match_one_forward_per_sequence(model):
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10], [9, 10], [9, 10], [11, 12, 13]]
+    completions = [[14, 15], [14, 16, 17], [18], [19, 20, 21], [22, 23], [24, 25]]
+    cascade, _ = completion_logprobs(model, prompts, completions, temperature=0.8, row_tokens=32, pad_token_id=0,
+                                     share_prompts="cascade")
+    plain, _ = completion_logprobs(model, prompts, completions, temperature=0.8, row_tokens=32, pad_token_id=0,
+                                   share_prompts=False)
+    torch.testing.assert_close(cascade, plain, atol=2e-5, rtol=1e-5)
+
+
+def test_preference_pairs_match_plain_packing(model):
+    def example(prompt, answer):
+        return TokenizedExample(prompt + answer, [-100] * len(prompt) + answer)
+
+    pairs = [PairExample(example([5, 6, 7], [8, 9]), example([5, 6, 7], [10, 11, 12])),
+             PairExample(example([13, 14], [15]), example([13, 14], [16, 17]))]
+    cascade = pair_logprobs(model, pairs, row_tokens=32, pad_token_id=0, prefix_sharing="cascade")
+    plain = pair_logprobs(model, pairs, row_tokens=32, pad_token_id=0, prefix_sharing=False)
+    torch.testing.assert_close(cascade[0], plain[0], atol=2e-5, rtol=1e-5)
+    assert torch.equal(cascade[1], plain[1])
+
+
+def test_the_layout_scores_fewer_pairs_than_the_row_mask():
+    sequences = [[1] * 60 + [k + 1] * (4 * k) for k in range(1, 9)]  # one 60-token prompt, eight answers
+    packed = pack_prefix_groups(sequences, [0] * 8, row_tokens=256, pad_token_id=0)
+    layout = cascade_layout(packed)
+    width = packed.input_ids.shape[1]
+    assert layout.scored_pairs() < 0.8 * packed.input_ids.shape[0] * width * width  # the dense call scores W^2
+    # the prefix once, causally; each answer against the prefix and itself (padding query slots aside)
+    assert layout.prefix_mask[:, 0][layout.prefix_valid].sum() == 60 * 61 / 2
+    assert layout.suffix_mask[:, 0][layout.suffix_valid].sum() == sum(4 * k * 60 + 4 * k * (4 * k + 1) / 2 for k in range(1, 9))
+    # every real token is written once; pads read the zero row
+    assert sorted(layout.order[packed.input_ids.view(-1) != 0].tolist()) == list(range(60 + 4 * 36))
+
+
+def test_without_a_layout_it_is_sdpa(model):
+    q, k, v = (torch.randn(1, 4, 6, 8) for _ in range(3))
+    kv = model.config.num_key_value_heads
+    out, _ = cascade_attention(model.model.layers[0].self_attn, q, k[:, :kv], v[:, :kv], None, scaling=0.3,
+                               is_causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k[:, :kv], v[:, :kv], is_causal=True, scale=0.3,
+                                                                enable_gqa=kv != 4)
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+
+
+def test_the_attention_is_restored_after_an_error(model):
+    with pytest.raises(RuntimeError, match="boom"), attention_implementation(model, "eager"):
+        assert model.config._attn_implementation == "eager"
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_models_without_the_attention_interface_are_packed_plainly(model, monkeypatch):
+    assert supports_cascade(model)
+    assert not supports_cascade(torch.nn.Linear(2, 2))
+    calls = []
+    monkeypatch.setattr(logprobs_module, "supports_cascade", lambda m: False)
+    monkeypatch.setattr(logprobs_module, "cascade_forward", lambda *a: calls.append(1))
+    sequences, groups = groups_of_sequences()
+    logps, _, _ = token_logprobs(model, sequences, first_targets=[2] * len(sequences), groups=groups,
+                                 row_tokens=64, pad_token_id=0, prefix_sharing="cascade")
+    assert not calls and logps.shape[0] == len(sequences)
+
+
+def test_an_unknown_sharing_mode_is_refused(model):
+    with pytest.raises(ValueError, match="prefix_sharing must be"):
+        token_logprobs(model, [[3, 4, 5]], first_targets=[1], groups=[0], row_tokens=16, pad_token_id=0,
+                       prefix_sharing="dense")
