@@ -12,14 +12,24 @@ all alike; the median and best of ``--repeats`` are printed, with the logits' la
 
     python benchmarks/cascade_attention.py [--model tiny|small] [--groups 8] [--members 8]
         [--prompt 6] [--suffix 16-40] [--threads 1] [--repeats 5]
+
+With ``--trainer grpo|dpo`` it times whole training runs instead: the GRPO / DPO workloads of
+``benchmarks/run.py`` (arithmetic, same sizes) with ``prefix_sharing`` false, true and cascade,
+alternating, printing the median wall time of ``train()`` and the last loss (or reward) of each.
+
+    python benchmarks/cascade_attention.py --trainer grpo [--model tiny] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import LlamaForCausalLM
@@ -27,7 +37,10 @@ from transformers import LlamaForCausalLM
 from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
 from tether.models.cascade_attention import cascade_forward, cascade_layout
-from tether.models.tiny import tiny_config
+from tether.models.tiny import save_tiny, tiny_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import workloads as wl
 
 
 def workload(groups: int, members: int, prompt: int, suffix: tuple[int, int], vocab: int, seed: int = 0):
@@ -51,8 +64,12 @@ def main() -> None:
     parser.add_argument("--row-tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--trainer", choices=["grpo", "dpo"], help="time whole training runs (see above)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.trainer:
+        time_trainer(args)
+        return
     torch.manual_seed(0)
     lo, hi = (int(x) for x in args.suffix.split("-"))
     config = tiny_config(args.model)
@@ -92,6 +109,31 @@ def main() -> None:
         diff = (outputs[name] - outputs["plain"]).abs().max().item()
         print(f"  {name:15s} median {1000 * median:8.1f} ms  best {1000 * min(values[1:]):8.1f} ms  "
               f"x{base / median:.2f} of plain  max|logits - plain| {diff:.1e}")
+
+
+def time_trainer(args: argparse.Namespace) -> None:
+    """Whole GRPO / DPO runs of ``benchmarks/run.py``'s sizes in each sharing mode, alternating."""
+    sizes = {"tiny": {"grpo": wl.Spec(steps=5, batch=8), "dpo": wl.Spec(steps=20, batch=16)},
+             "small": {"grpo": wl.Spec(steps=2, batch=4), "dpo": wl.Spec(steps=6, batch=16)}}  # as run.py
+    spec = sizes[args.model][args.trainer]
+    run = {"grpo": wl.tether_grpo, "dpo": wl.tether_dpo}[args.trainer]
+    modes = {"plain": False, "shared-dense": True, "shared-cascade": "cascade"}
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    last: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = save_tiny(Path(tmp) / args.model, args.model, seed=0)
+        for repeat in range(args.repeats + 1):  # the first round warms up
+            for name, mode in modes.items():
+                scratch = Path(tmp) / f"{name}-{repeat}"
+                measured = run(model_dir, dataclasses.replace(spec, prefix_sharing=mode), scratch, args.threads)
+                times[name].append(measured.seconds)
+                last[name] = measured.trajectory[-1]
+    print(f"{args.trainer} on the {args.model} model ({spec.steps} steps of {spec.batch}), {args.threads} thread(s)")
+    base = statistics.median(times["plain"][1:])
+    for name, values in times.items():
+        median = statistics.median(values[1:])
+        print(f"  {name:15s} median {median:7.2f} s  min {min(values[1:]):7.2f} s  x{base / median:.2f} of plain  "
+              f"last loss/reward {last[name]:.4f}")
 
 
 if __name__ == "__main__":

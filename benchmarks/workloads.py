@@ -58,6 +58,7 @@ class Spec:
     beta: float = 0.04  # GRPO KL coefficient; DPO uses 0.1
     lr: float = 1e-4
     precision: str = "fp32"  # or "bf16-mixed": tether train.precision, TRL bf16=True, bfloat16 decoding
+    prefix_sharing: bool | str = True  # tether's GRPO prefix_sharing / DPO data.prefix_sharing (TRL: none)
 
 
 @dataclasses.dataclass
@@ -149,7 +150,8 @@ def tether_dpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Meas
 
     model, tokenizer = _load(model_dir)
     cfg = DPOConfig.model_validate({**_tether_common(spec, threads), "loss": "sigmoid", "beta": 0.1,
-                                    "data": {"task": {"name": "arithmetic"}, "max_length": spec.max_length}})
+                                    "data": {"task": {"name": "arithmetic"}, "max_length": spec.max_length,
+                 "prefix_sharing": spec.prefix_sharing}})
     trainer = PreferenceTrainer(cfg, model, tokenizer, scratch, records=dpo_data(spec.steps * spec.batch),
                                 eval_records=[], stage="dpo")
     with timed() as seconds:
@@ -167,7 +169,7 @@ def tether_grpo(model_dir: Path, spec: Spec, scratch: Path, threads: int) -> Mea
         **_tether_common(spec, threads), "algorithm": "grpo", "kl": {"coef": spec.beta, "estimator": "k3"},
         "data": {"task": {"name": "arithmetic"}},
         "rollout": {"group_size": spec.group, "max_new_tokens": spec.new_tokens, "temperature": 1.0},
-        "sample_every": 10**9})
+        "prefix_sharing": spec.prefix_sharing, "sample_every": 10**9})
     trainer = RLTrainer(cfg, model, tokenizer, scratch, records=grpo_data(spec.steps * spec.batch),
                         reward_functions=[digit_reward], stage="grpo")
     with timed() as seconds:
