@@ -101,8 +101,11 @@ def test_the_layout_scores_fewer_pairs_than_the_row_mask():
     # the prefix once, causally; each answer against the prefix and itself (padding query slots aside)
     assert layout.prefix_mask[:, 0][layout.prefix_valid].sum() == 60 * 61 / 2
     assert layout.suffix_mask[:, 0][layout.suffix_valid].sum() == sum(4 * k * 60 + 4 * k * (4 * k + 1) / 2 for k in range(1, 9))
-    # every real token is written once; pads read the zero row
-    assert sorted(layout.order[packed.input_ids.view(-1) != 0].tolist()) == list(range(60 + 4 * 36))
+    # every real token reads its own output slot once; pads read the zero row after all slots
+    slots = torch.cat([layout.prefix_valid.view(-1), layout.suffix_valid.view(-1)]).nonzero().view(-1)
+    real = packed.input_ids.view(-1) != 0
+    assert sorted(layout.order[real].tolist()) == slots.tolist() and len(slots) == 60 + 4 * 36
+    assert bool((layout.order[~real] == layout.prefix_valid.numel() + layout.suffix_valid.numel()).all())
 
 
 def test_without_a_layout_it_is_sdpa(model):

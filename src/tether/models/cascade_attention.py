@@ -45,8 +45,8 @@ class CascadeLayout:
     ``prefix_tokens`` (S, P): each prefix-sharing segment's prefix (0-padded), ``prefix_mask`` (S, 1, P, P);
     ``suffix_queries`` (M, Q): each suffix's tokens, ``suffix_keys`` (M, P + Q): its segment's prefix, then
     itself, ``suffix_mask`` (M, 1, Q, P + Q); ``prefix_valid`` / ``suffix_valid``: the real query slots;
-    ``order`` (rows * width,): for each row position, its output's index among the prefix outputs, then
-    the suffix outputs, then one zero row (padding).
+    ``order`` (rows * width,): for each row position, its output's index among the (S * P) prefix output
+    slots, then the (M * Q) suffix output slots, then one zero row (padding).
     """
 
     prefix_tokens: torch.Tensor
@@ -93,17 +93,18 @@ def cascade_layout(packed: PrefixPacked) -> CascadeLayout:
     own = (steps_q[None, :, None] >= steps_q[None, None, :]) & suffix_valid[:, None, :]
     suffix_mask = torch.cat([key_in_prefix[:, None, :].expand(-1, q_max, -1), own], dim=2)
 
-    order = torch.full((n_rows * width,), int(prefix_valid.sum() + suffix_valid.sum()), dtype=torch.long)
-    written = torch.cat([prefix_tokens[prefix_valid], suffix_queries[suffix_valid]])
-    order[written] = torch.arange(written.numel())
+    n_prefix_slots = prefix_valid.numel()
+    order = torch.full((n_rows * width,), n_prefix_slots + suffix_valid.numel(), dtype=torch.long)
+    order[prefix_tokens[prefix_valid]] = torch.arange(n_prefix_slots).view(prefix_valid.shape)[prefix_valid]
+    order[suffix_queries[suffix_valid]] = n_prefix_slots + torch.arange(suffix_valid.numel()).view(
+        suffix_valid.shape)[suffix_valid]
     return CascadeLayout(prefix_tokens, prefix_mask[:, None], prefix_valid, suffix_queries, suffix_keys,
                          suffix_mask[:, None], suffix_valid, order, (n_rows, width))
 
 
-def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``states`` (B, H, L, D) at flat token ``index`` (N, K): (N, H, K, D)."""
-    flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])
-    return flat[index].transpose(1, 2)
+def _gather(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Token states ``flat`` (tokens, H, D) at flat token ``index`` (N, K): (N, H, K, D)."""
+    return flat.index_select(0, index.reshape(-1)).view(*index.shape, *flat.shape[1:]).transpose(1, 2)
 
 
 def cascade_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -116,19 +117,18 @@ def cascade_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                       scaling=scaling, **kwargs)
     options = {"scale": scaling, "dropout_p": dropout if module.training else 0.0,
                "enable_gqa": query.shape[1] != key.shape[1]}
+    heads, dim = query.shape[1], query.shape[3]
+    q, k, v = (t.transpose(1, 2).reshape(-1, t.shape[1], dim) for t in (query, key, value))
     parts = []
-    if cascade.prefix_tokens.numel():
-        idx = cascade.prefix_tokens
-        out = F.scaled_dot_product_attention(_gather(query, idx), _gather(key, idx), _gather(value, idx),
-                                             attn_mask=cascade.prefix_mask, **options)
-        parts.append(out.transpose(1, 2)[cascade.prefix_valid])
-    keys = cascade.suffix_keys
-    out = F.scaled_dot_product_attention(_gather(query, cascade.suffix_queries), _gather(key, keys),
-                                         _gather(value, keys), attn_mask=cascade.suffix_mask, **options)
-    parts.append(out.transpose(1, 2)[cascade.suffix_valid])
-    parts.append(query.new_zeros((1, query.shape[1], query.shape[3])))
+    for queries, keys, mask in ((cascade.prefix_tokens, cascade.prefix_tokens, cascade.prefix_mask),
+                                (cascade.suffix_queries, cascade.suffix_keys, cascade.suffix_mask)):
+        if queries.numel():
+            out = F.scaled_dot_product_attention(_gather(q, queries), _gather(k, keys), _gather(v, keys),
+                                                 attn_mask=mask, **options)
+            parts.append(out.transpose(1, 2).reshape(-1, heads, dim))
+    parts.append(query.new_zeros((1, heads, dim)))
     rows, width = cascade.shape
-    return torch.cat(parts)[cascade.order].view(rows, width, query.shape[1], query.shape[3]), None
+    return torch.cat(parts).index_select(0, cascade.order).view(rows, width, heads, dim), None
 
 
 AttentionInterface.register(CASCADE_ATTENTION, cascade_attention)
