@@ -6,7 +6,7 @@ import torch
 
 import tether.models.logprobs as logprobs_module
 from tether.data.pairs import PairExample
-from tether.data.prefix_sharing import pack_prefix_groups
+from tether.data.prefix_sharing import PrefixPacked, pack_prefix_groups
 from tether.data.tokenize import TokenizedExample
 from tether.models import build_tiny
 from tether.models.cascade_attention import (
@@ -125,16 +125,18 @@ def test_the_attention_is_restored_after_an_error(model):
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_models_without_the_attention_interface_are_packed_plainly(model, monkeypatch):
+def test_models_without_the_attention_interface_fall_back_to_the_dense_mask(model, monkeypatch):
     assert supports_cascade(model)
     assert not supports_cascade(torch.nn.Linear(2, 2))
-    calls = []
+    cascades, masks = [], []
     monkeypatch.setattr(logprobs_module, "supports_cascade", lambda m: False)
-    monkeypatch.setattr(logprobs_module, "cascade_forward", lambda *a: calls.append(1))
+    monkeypatch.setattr(logprobs_module, "cascade_forward", lambda *a: cascades.append(1))
+    original = PrefixPacked.model_inputs
+    monkeypatch.setattr(PrefixPacked, "model_inputs", lambda self, m: masks.append(1) or original(self, m))
     sequences, groups = groups_of_sequences()
     logps, _, _ = token_logprobs(model, sequences, first_targets=[2] * len(sequences), groups=groups,
                                  row_tokens=64, pad_token_id=0, prefix_sharing="cascade")
-    assert not calls and logps.shape[0] == len(sequences)
+    assert not cascades and masks == [1] and logps.shape[0] == len(sequences)
 
 
 def test_an_unknown_sharing_mode_is_refused(model):

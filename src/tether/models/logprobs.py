@@ -106,17 +106,16 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     if cascade or masked:
         packed = pack_prefix_groups(sequences, groups, row_tokens=row_tokens, pad_token_id=pad_token_id)
         rows, columns, width_in = packed.rows, packed.columns, packed.input_ids.shape[1]
-        if cascade:
-            logits = cascade_forward(model, packed).logits
-        else:
-            inputs = packed.model_inputs(model)
-            logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
+        inputs = {} if cascade else packed.model_inputs(model)
     else:
         plain = pack_sequences(sequences, row_tokens=row_tokens, pad_token_id=pad_token_id)
         inputs, rows = plain.model_inputs(), plain.rows
         steps = torch.arange(int(lengths.max()))
         columns = torch.where(steps[None, :] < lengths[:, None], plain.starts[:, None] + steps[None, :], -1)
-        width_in = inputs["input_ids"].shape[1]
+        width_in = plain.input_ids.shape[1]
+    if cascade:
+        logits = cascade_forward(model, packed).logits
+    else:
         logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
 
     width = int((lengths - first).max())
@@ -148,8 +147,9 @@ def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
     ``groups`` id share their common prefix as ``prefix_sharing`` says (:data:`PrefixSharing`): under a
     dense row mask when the model takes custom masks (with ``"auto"`` only when :func:`sharing_pays`),
-    or with cascade attention when the model dispatches attention through transformers'
-    ``AttentionInterface``; otherwise (or with ``groups=None``) they are packed side by side.
+    or with ``"cascade"`` by cascade attention when the model dispatches attention through transformers'
+    ``AttentionInterface`` (else under the dense mask); otherwise (or with ``groups=None``) they are packed
+    side by side.
     """
     scored = scored_forward(model, sequences, first_targets=first_targets, groups=groups, row_tokens=row_tokens,
                             pad_token_id=pad_token_id, prefix_sharing=prefix_sharing)
