@@ -203,4 +203,5 @@ class PreferenceDataConfig(PairDataConfig):
         True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at "
                           "least) go through the model once (sdpa / eager attention; others ignore it); auto: "
                           "only where a cost model says it is cheaper; cascade: always, with cascade attention "
-                          "instead of a dense row mask (transformers models)")
+                          "instead of a dense row mask (transformers models; pays on long prompts, not on short "
+                          "pairs: docs/performance.md)")

@@ -279,8 +279,8 @@ class RLConfig(StageConfig):
         True, description="the update forward computes a prompt shared by a group's completions once (sdpa / "
                           "eager attention; others ignore it); auto: only where a cost model says it is cheaper "
                           "(not on narrow models with short prompts); cascade: always, with cascade attention "
-                          "instead of a dense row mask (transformers models; as fast as plain packing or faster "
-                          "in every layout measured, up to 5x)")
+                          "instead of a dense row mask (transformers models; faster than the mask on GRPO groups "
+                          "and long prompts, see docs/performance.md)")
     sample_every: int = Field(10, ge=1, description="write sample completions every this many steps")
 
     @model_validator(mode="after")
