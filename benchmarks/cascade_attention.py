@@ -41,6 +41,7 @@ from tether.models.tiny import save_tiny, tiny_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads as wl
+from run import SPECS
 
 
 def workload(groups: int, members: int, prompt: int, suffix: tuple[int, int], vocab: int, seed: int = 0):
@@ -103,19 +104,22 @@ def main() -> None:
     print(f"{args.model}: {args.groups} groups x {args.members}, prompt {args.prompt}, suffix {args.suffix}; "
           f"{tokens} tokens; plain {tuple(plain.input_ids.shape)}, shared {tuple(shared.input_ids.shape)} "
           f"({shared.shared_tokens} saved); dense pairs {shared.allowed.numel()}, cascade {layout.scored_pairs()}")
+    print_times(times, 1000, "ms", {name: f"max|logits - plain| {(out - outputs['plain']).abs().max().item():.1e}"
+                                    for name, out in outputs.items()})
+
+
+def print_times(times: dict[str, list[float]], scale: float, unit: str, extra: dict[str, str]) -> None:
+    """Each layout's median and best (the warm-up round left out), its speed over ``plain`` and ``extra``."""
     base = statistics.median(times["plain"][1:])
     for name, values in times.items():
         median = statistics.median(values[1:])
-        diff = (outputs[name] - outputs["plain"]).abs().max().item()
-        print(f"  {name:15s} median {1000 * median:8.1f} ms  best {1000 * min(values[1:]):8.1f} ms  "
-              f"x{base / median:.2f} of plain  max|logits - plain| {diff:.1e}")
+        print(f"  {name:15s} median {scale * median:8.2f} {unit}  best {scale * min(values[1:]):8.2f} {unit}  "
+              f"x{base / median:.2f} of plain  {extra[name]}")
 
 
 def time_trainer(args: argparse.Namespace) -> None:
     """Whole GRPO / DPO runs of ``benchmarks/run.py``'s sizes in each sharing mode, alternating."""
-    sizes = {"tiny": {"grpo": wl.Spec(steps=5, batch=8), "dpo": wl.Spec(steps=20, batch=16)},
-             "small": {"grpo": wl.Spec(steps=2, batch=4), "dpo": wl.Spec(steps=6, batch=16)}}  # as run.py
-    spec = sizes[args.model][args.trainer]
+    spec = SPECS[args.model][args.trainer][0]
     run = {"grpo": wl.tether_grpo, "dpo": wl.tether_dpo}[args.trainer]
     modes = {"plain": False, "shared-dense": True, "shared-cascade": "cascade"}
     times: dict[str, list[float]] = {name: [] for name in modes}
@@ -129,11 +133,7 @@ def time_trainer(args: argparse.Namespace) -> None:
                 times[name].append(measured.seconds)
                 last[name] = measured.trajectory[-1]
     print(f"{args.trainer} on the {args.model} model ({spec.steps} steps of {spec.batch}), {args.threads} thread(s)")
-    base = statistics.median(times["plain"][1:])
-    for name, values in times.items():
-        median = statistics.median(values[1:])
-        print(f"  {name:15s} median {median:7.2f} s  min {min(values[1:]):7.2f} s  x{base / median:.2f} of plain  "
-              f"last loss/reward {last[name]:.4f}")
+    print_times(times, 1, "s", {name: f"last loss/reward {value:.4f}" for name, value in last.items()})
 
 
 if __name__ == "__main__":
