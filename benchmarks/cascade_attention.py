@@ -11,7 +11,10 @@ all alike; the median and best of ``--repeats`` are printed, with the logits' la
 ``plain``.
 
     python benchmarks/cascade_attention.py [--model tiny|small] [--groups 8] [--members 8]
-        [--prompt 6] [--suffix 16-40] [--threads 1] [--repeats 5]
+        [--prompt 6] [--suffix 16-40] [--threads 1] [--repeats 5] [--device cpu] [--dtype float32]
+
+``--device cuda --dtype bfloat16`` times the same on a GPU (the timer synchronises the device); the
+logits' largest difference from ``plain`` is then the check that cascade attention is right there.
 
 With ``--trainer grpo|dpo`` it times whole training runs instead: the GRPO / DPO workloads of
 ``benchmarks/run.py`` (arithmetic, same sizes) with ``prefix_sharing`` false, true and cascade,
@@ -66,6 +69,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trainer", choices=["grpo", "dpo"], help="time whole training runs (see above)")
+    parser.add_argument("--device", default="cpu", help="forward + backward mode only")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="likewise")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.trainer:
@@ -75,7 +80,7 @@ def main() -> None:
     lo, hi = (int(x) for x in args.suffix.split("-"))
     config = tiny_config(args.model)
     config._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).to(device=args.device, dtype=getattr(torch, args.dtype))
     sequences, groups = workload(args.groups, args.members, args.prompt, (lo, hi), config.vocab_size)
     plain = pack_sequences(sequences, row_tokens=args.row_tokens, pad_token_id=0)
     shared = pack_prefix_groups(sequences, groups, row_tokens=args.row_tokens, pad_token_id=0)
@@ -84,10 +89,14 @@ def main() -> None:
     def gather(logits, rows, columns):
         return torch.cat([logits[rows[i], columns[i][columns[i] >= 0]] for i in range(len(sequences))])
 
+    def on_device(inputs: dict) -> dict:
+        return {k: v.to(args.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
     plain_columns = [torch.arange(len(s)) + int(plain.starts[i]) for i, s in enumerate(sequences)]
     runs = {
-        "plain": lambda: gather(model(**plain.model_inputs()).logits, plain.rows, plain_columns),
-        "shared-dense": lambda: gather(model(**shared.model_inputs(model)).logits, shared.rows, shared.columns),
+        "plain": lambda: gather(model(**on_device(plain.model_inputs())).logits, plain.rows, plain_columns),
+        "shared-dense": lambda: gather(model(**on_device(shared.model_inputs(model))).logits, shared.rows,
+                                       shared.columns),
         "shared-cascade": lambda: gather(cascade_forward(model, shared).logits, shared.rows, shared.columns),
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -95,17 +104,24 @@ def main() -> None:
     for _ in range(args.repeats + 1):  # the first round warms up
         for name, run in runs.items():
             model.zero_grad(set_to_none=True)
+            synchronize(args.device)
             start = time.perf_counter()
             logits = run()
             logits.float().logsumexp(-1).sum().backward()
+            synchronize(args.device)
             times[name].append(time.perf_counter() - start)
             outputs[name] = logits.detach()
     tokens = sum(len(s) for s in sequences)
-    print(f"{args.model}: {args.groups} groups x {args.members}, prompt {args.prompt}, suffix {args.suffix}; "
+    print(f"{args.model} ({args.device}, {args.dtype}): {args.groups} groups x {args.members}, prompt {args.prompt}, suffix {args.suffix}; "
           f"{tokens} tokens; plain {tuple(plain.input_ids.shape)}, shared {tuple(shared.input_ids.shape)} "
           f"({shared.shared_tokens} saved); dense pairs {shared.allowed.numel()}, cascade {layout.scored_pairs()}")
     print_times(times, 1000, "ms", {name: f"max|logits - plain| {(out - outputs['plain']).abs().max().item():.1e}"
                                     for name, out in outputs.items()})
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def print_times(times: dict[str, list[float]], scale: float, unit: str, extra: dict[str, str]) -> None:

@@ -10,8 +10,9 @@ CI has no GPU, so this is how the device paths are checked by hand on a machine 
    steps, 4 examples and 4 evaluation prompts: a recipe passes when it exits 0 with its
    ``results.json`` written, or when it stops at one of its data guards (a model trained for two
    steps writes nothing a verifier keeps, so the distillation corpus is empty) after the stages
-   before it ran; and a few variants that take other device paths (GiGPO, LoRA policy with PPO and
-   GRPO, KTO);
+   before it ran; and variants that take other device paths (GiGPO, LoRA policy with PPO and
+   GRPO, KTO, cascade attention in GRPO and DPO, continuous batching, the sampler's log-probs as
+   the old policy's, ``bf16-mixed`` SFT, GRPO and PPO);
 2. the rollout engine on the device: greedy decoding agrees token for token with ``model.generate``
    (float32), and its tokens/s against ``model.generate`` (batch 64, 32 new tokens, sampled, EOS
    ignored, ``--dtype``) on the ``tiny`` and ``small`` models.
@@ -51,6 +52,15 @@ VARIANTS = [
     ("r1-arithmetic+lora", "r1-arithmetic", ["grpo.model.lora={r: 4}"]),
     ("instructgpt+lora", "instructgpt", ["ppo.model.lora={r: 4}"]),
     ("dpo-arithmetic+kto", "dpo-arithmetic", ["dpo.loss=kto"]),
+    ("r1-zero-arithmetic+cascade", "r1-zero-arithmetic", ["grpo.prefix_sharing=cascade"]),
+    ("dpo-arithmetic+cascade", "dpo-arithmetic", ["dpo.data.prefix_sharing=cascade"]),
+    ("r1-zero-arithmetic+continuous", "r1-zero-arithmetic", ["grpo.rollout.engine_options={continuous: true}"]),
+    ("r1-zero-arithmetic+sampler-logprobs", "r1-zero-arithmetic", ["grpo.old_logprobs=sampler"]),
+    # bf16-mixed keeps float32 master weights: the model loads in float32 and the trainer autocasts
+    ("sft-arithmetic+bf16-mixed", "sft-arithmetic", ["defaults.model.dtype=float32", "sft.train.precision=bf16-mixed"]),
+    ("r1-zero-arithmetic+bf16-mixed", "r1-zero-arithmetic",
+     ["defaults.model.dtype=float32", "grpo.train.precision=bf16-mixed"]),
+    ("instructgpt+bf16-mixed", "instructgpt", ["defaults.model.dtype=float32", "ppo.train.precision=bf16-mixed"]),
 ]
 
 

@@ -13,9 +13,10 @@ and the tokens actually generated are counted on both sides (up to and including
   ``model.generate`` chunk by chunk.
 
 Runs alternate between the two so background load hits both alike; best and median are printed.
+``--device cuda --dtype bfloat16`` runs the same on a GPU in bfloat16 (the timer synchronises the device).
 
     python benchmarks/generation_speed.py [--model tiny|small] [--batch 64] [--new-tokens 32] [--threads 1]
-        [--repeats 7] [--queue 4] [--scenario full|ragged|grouped|queued|all]
+        [--repeats 7] [--queue 4] [--scenario full|ragged|grouped|queued|all] [--device cpu] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def hf_generate_runner(model, tokenizer, prompts, new_tokens: int, ignore_eos: b
         total = 0
         for enc in encoded:
             with torch.inference_mode():
-                out = model.generate(**enc, **kwargs)
+                out = model.generate(**enc.to(model.device), **kwargs)
             completion = out[:, enc["input_ids"].shape[1]:]
             # count up to and including the first EOS of each row, as HFEngine does
             is_eos = completion == tokenizer.eos_token_id
@@ -79,7 +80,7 @@ def hf_generate_runner(model, tokenizer, prompts, new_tokens: int, ignore_eos: b
     return go
 
 
-def time_interleaved(runners: dict, repeats: int) -> dict[str, tuple[float, float, int]]:
+def time_interleaved(runners: dict, repeats: int, device: str = "cpu") -> dict[str, tuple[float, float, int]]:
     """Alternate the runners so background load hits both alike; (best s, median s, tokens) each."""
     for go in runners.values():
         go()  # warm-up
@@ -87,10 +88,17 @@ def time_interleaved(runners: dict, repeats: int) -> dict[str, tuple[float, floa
     tokens: dict[str, int] = {}
     for _ in range(repeats):
         for name, go in runners.items():
+            synchronize(device)
             start = time.perf_counter()
             tokens[name] = go()
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     return {name: (min(t), statistics.median(t), tokens[name]) for name, t in times.items()}
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def add_eos_bias(model, eos_id: int, bias: float) -> None:
@@ -108,6 +116,7 @@ def run(scenario: str, args) -> None:
     model.eval()
     if scenario in ("ragged", "queued"):
         add_eos_bias(model, tokenizer.eos_token_id, args.eos_bias)
+    model.to(device=args.device, dtype=getattr(torch, args.dtype))
     n = args.group if scenario == "grouped" else 1
     queued = scenario == "queued"
     prompts = make_prompts(tokenizer, args.batch * (args.queue if queued else 1) // n)
@@ -122,10 +131,10 @@ def run(scenario: str, args) -> None:
         runners["HFEngine continuous"] = engine_runner(continuous, prompts, args.new_tokens, n)
     runners["model.generate"] = hf_generate_runner(model, tokenizer, prompts, args.new_tokens, ignore_eos, n,
                                                    chunk)
-    results = time_interleaved(runners, args.repeats)
+    results = time_interleaved(runners, args.repeats, args.device)
     print(
         f"[{scenario}] {args.model} model, batch {args.batch} ({len(prompts)} prompts x {n}),"
-        f" {args.new_tokens} new tokens, {args.threads} thread(s)"
+        f" {args.new_tokens} new tokens, {args.device} {args.dtype}, {args.threads} thread(s)"
     )
     rate = {}
     for name, (best, median, tokens) in results.items():
@@ -153,6 +162,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8, help="samples per prompt in the grouped scenario")
     parser.add_argument("--queue", type=int, default=4, help="prompts per batch slot in the queued scenario")
     parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for scenario in SCENARIOS if args.scenario == "all" else [args.scenario]:

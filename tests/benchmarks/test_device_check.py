@@ -32,6 +32,13 @@ def test_every_recipe_shrinks_to_two_steps_or_one_round(device_check):
         assert trained and all(c.train.max_steps <= 2 or getattr(c, "rounds", None) == 1 for c in trained), recipe
 
 
+def test_every_variant_is_a_valid_override_of_its_recipe(device_check):
+    for label, recipe, more in device_check.VARIANTS:
+        overrides = [*device_check.shrink_overrides(recipe), *more]
+        configs = validate_recipe(apply_recipe_overrides(load_recipe(recipe), overrides))
+        assert configs, label
+
+
 def test_a_recipe_runs_on_the_named_device(device_check, tmp_path):
     out = tmp_path / "check.json"
     code = device_check.main(["--device", "cpu", "--dtype", "float32", "--no-engine", "--recipes", "sft-arithmetic",
@@ -39,7 +46,9 @@ def test_a_recipe_runs_on_the_named_device(device_check, tmp_path):
     report = json.loads(out.read_text())
     assert code == 0, report
     assert report["environment"]["device"] == "cpu"
-    assert [(c["check"], c["ok"]) for c in report["checks"]] == [("recipe sft-arithmetic", True)]
+    # the recipe and its variants (bf16-mixed SFT)
+    assert sorted((c["check"], c["ok"]) for c in report["checks"]) == [
+        ("recipe sft-arithmetic", True), ("recipe sft-arithmetic+bf16-mixed", True)]
 
 
 def test_a_crash_is_a_failure_and_a_data_guard_is_not(device_check, tmp_path, monkeypatch):
