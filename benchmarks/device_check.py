@@ -43,7 +43,7 @@ SHRINK = {"train.max_steps": 2, "train.batch_size": 4, "eval.n": 4, "eval.max_ne
           "rollout.max_new_tokens": 8, "rollout.group_size": 2, "prompts.task.n": 16, "sampling.n": 2,
           "sampling.max_new_tokens": 8, "prompts_per_round": 8}
 # A model trained for 2 steps writes nothing a checker keeps: these clean stops of a recipe are not device faults.
-DATA_GUARDS = ("no records", "kept none", "corpus is empty")
+DATA_GUARDS = ("no records", "kept none", "corpus is empty", "no pairs:")
 
 
 # variants of a recipe that take other device paths: (label, recipe, overrides)
