@@ -2,7 +2,7 @@
 
     python benchmarks/run.py [--out results.json] [--runs 5] [--threads N] [--models tiny,small]
                              [--workloads sft,dpo,grpo,grpo_beta0,generation] [--precisions fp32,bf16-mixed]
-                             [--quick]
+                             [--prefix-sharing true|false|auto|cascade] [--quick]
 
 For every (precision, model, workload) the two libraries run alternately (tether first on even runs,
 TRL first on odd ones) ``--runs`` times each; a figure is the median of the runs, with min and max.
@@ -25,6 +25,9 @@ MFU: achieved training FLOP/s of SFT on the ``small`` model (6 x parameters x to
 12 x layers x hidden x length^2 per sequence for attention, as in the PaLM paper's appendix)
 against the FLOP/s of a large matmul of the row's precision (float32, or bfloat16 for bf16-mixed)
 timed in the same process with the same threads.
+
+``--prefix-sharing`` sets tether's prefix sharing in the DPO and GRPO rows (``data.prefix_sharing`` /
+``prefix_sharing``; default ``true``, the library's default: the dense prefix-sharing mask); TRL has none.
 
 Writes the rows as JSON (``--out``), the same table as markdown next to it (``.md``), and prints it.
 ``--quick`` runs every workload once at a trivial size: the smoke test that keeps this script working.
@@ -247,7 +250,8 @@ def _num(x: float) -> str:
 
 
 def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
-    lines = [f"tether {meta['tether']} vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
+    lines = [f"tether {meta['tether']} (commit {meta.get('commit')}, prefix sharing "
+             f"{meta.get('prefix_sharing', 'true')}) vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
              f"{meta['threads']} thread(s), {meta['date']}; median of {meta['runs']} alternating runs (min-max). "
              f"load: other processes' CPU use (cores) before / during / after the row; rows over {LOADED_CORES} are marked "
              "UNDER LOAD.", "",
@@ -273,6 +277,24 @@ def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
                       f"({mfu['trl_gflops']:.1f} GFLOP/s), against a {kind} matmul peak of "
                       f"{mfu['matmul_peak_gflops']:.1f} GFLOP/s measured in the same run."]
     return "\n".join(lines) + "\n"
+
+
+PREFIX_SHARING = {"true": True, "false": False, "auto": "auto", "cascade": "cascade"}
+
+
+def commit() -> str | None:
+    """The checkout's short commit hash (``+`` when the tree has changes), or None outside git."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -302,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--prefix-sharing", choices=list(PREFIX_SHARING), default="true",
+                        help="tether's prefix sharing in the DPO and GRPO rows")
     args = parse_selection(parser, argv)
     models, workloads = args.models, args.workloads
     if args.runs < 1:
@@ -315,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         for precision in args.precisions:
             for model in models:
                 for workload in workloads:
-                    spec = dataclasses.replace(SPECS[model][workload][1 if args.quick else 0], precision=precision)
+                    spec = dataclasses.replace(SPECS[model][workload][1 if args.quick else 0], precision=precision,
+                                               prefix_sharing=PREFIX_SHARING[args.prefix_sharing])
                     print(f"... {precision} {model} {workload}", file=sys.stderr, flush=True)
                     rows.extend(measure(workload, model, model_dirs[model], spec, args.runs, args.threads))
             if "small" in models and "sft" in workloads:
@@ -329,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
             "threads": args.threads, "runs": args.runs, "precisions": args.precisions, "torch": torch.__version__, "trl": trl.__version__,
-            "tether": tether.__version__, "quick": args.quick, "seconds": time.perf_counter() - started}
+            "tether": tether.__version__, "commit": commit(), "prefix_sharing": args.prefix_sharing,
+            "quick": args.quick, "seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows, "mfu": mfus}, indent=1))
     table = markdown(rows, mfus, meta)

@@ -98,3 +98,14 @@ def test_load_during_a_row_counts_a_process_that_starts_and_ends_inside_it():
         os.waitid(os.P_PID, burner.pid, os.WEXITED | os.WNOWAIT)
     burner.wait()
     assert during.cores > 0.3
+
+
+def test_quick_benchmark_with_cascade_prefix_sharing(tmp_path):
+    out = tmp_path / "bench.json"
+    run_script("run.py", "--quick", "--runs", "1", "--models", "tiny", "--threads", "1", "--out", str(out),
+               "--workloads", "dpo,grpo", "--prefix-sharing", "cascade")
+    data = json.loads(out.read_text())
+    assert data["meta"]["prefix_sharing"] == "cascade" and "commit" in data["meta"]
+    assert {r["workload"] for r in data["rows"]} == {"dpo", "grpo"}
+    assert all(r["trajectory"]["ok"] for r in data["rows"]), data["rows"]
+    assert "prefix sharing cascade" in out.with_suffix(".md").read_text()
