@@ -9,8 +9,8 @@ from tether.data.pairs import PairExample
 from tether.data.prefix_sharing import PrefixPacked, pack_prefix_groups
 from tether.data.tokenize import TokenizedExample
 from tether.models import build_tiny
+from tether.models.attention import attention_implementation
 from tether.models.cascade_attention import (
-    attention_implementation,
     cascade_attention,
     cascade_forward,
     cascade_layout,

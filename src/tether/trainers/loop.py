@@ -43,6 +43,7 @@ from tether.config.base import ConfigError
 from tether.config.common import OptimConfig, StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
+from tether.models.attention import training_autocast
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
@@ -239,10 +240,11 @@ class Trainer:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward's precision context: bfloat16 autocast under ``train.precision: bf16-mixed`` (weights and
-        gradients stay float32; matmuls run in bfloat16), else nothing."""
+        gradients stay float32; matmuls run in bfloat16; :func:`~tether.models.attention.training_autocast`),
+        else nothing."""
         if self.config.train.precision != "bf16-mixed":
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return training_autocast(self.model, self.device)
 
     def global_count(self, local: float | torch.Tensor) -> float:
         """A count summed over ranks, scaled for DDP's gradient averaging, for use as a loss denominator."""

@@ -1,0 +1,108 @@
+"""The attention kernel of a bf16-mixed training forward: ``eager`` (matrix products) on a CPU while gradients
+are taken, SDPA otherwise; the same values either way, and the model's own setting restored."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tether.data.packing import pack_sequences
+from tether.data.prefix_sharing import pack_prefix_groups
+from tether.models import build_tiny
+from tether.models.attention import matmul_attention_pays, training_autocast
+from tether.models.cascade_attention import _matmul_attention, cascade_forward
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_matmul_attention_pays_only_on_a_cpu_in_16_bits_with_gradients():
+    assert matmul_attention_pays(CPU, torch.bfloat16) and matmul_attention_pays(CPU, torch.float16)
+    assert not matmul_attention_pays(CPU, torch.float32)
+    assert not matmul_attention_pays(CUDA, torch.bfloat16)
+    with torch.no_grad():
+        assert not matmul_attention_pays(CPU, torch.bfloat16)
+
+
+def attention_inside(model, **grad):
+    with torch.set_grad_enabled(grad.get("enabled", True)), training_autocast(model, CPU):
+        return getattr(model, "module", model).config._attn_implementation
+
+
+def test_training_autocast_runs_eager_while_gradients_are_taken_and_restores_sdpa():
+    model, _ = build_tiny(seed=0)
+    assert model.config._attn_implementation == "sdpa"
+    assert attention_inside(model) == "eager"
+    assert attention_inside(model, enabled=False) == "sdpa"  # frozen passes: SDPA's forward is faster
+    assert model.config._attn_implementation == "sdpa"
+
+    class Wrapped(torch.nn.Module):  # DistributedDataParallel's layout: the model in .module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    assert attention_inside(Wrapped(model)) == "eager"
+    model.config._attn_implementation = "flash_attention_2"  # a user's choice is left alone
+    assert attention_inside(model) == "flash_attention_2"
+
+
+def test_eager_under_autocast_gives_sdpa_s_logits_and_gradients_to_bfloat16_rounding():
+    model, _ = build_tiny(seed=0)
+    g = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (9, 17, 5, 30, 12)]
+    packed = pack_sequences(sequences, row_tokens=40, pad_token_id=0)
+
+    def run(switch: bool):
+        model.zero_grad()
+        context = training_autocast(model, CPU) if switch else torch.autocast("cpu", dtype=torch.bfloat16)
+        with context:
+            implementation = model.config._attn_implementation
+            logits = model(**packed.model_inputs()).logits.float()
+        logits.log_softmax(-1).mean().backward()
+        return implementation, logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager, sdpa = run(True), run(False)
+    assert (eager[0], sdpa[0]) == ("eager", "sdpa")
+    real = packed.input_ids != 0
+    torch.testing.assert_close(eager[1][real], sdpa[1][real], atol=5e-2, rtol=5e-2)
+    for a, b in zip(eager[2], sdpa[2], strict=True):
+        assert (a - b).norm() <= 5e-2 * b.norm() + 1e-6
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_matmul_attention_equals_sdpa(kv_heads):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 5, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(3, kv_heads, 7, 8, generator=g, requires_grad=True) for _ in range(2))
+    mask = torch.rand(3, 1, 5, 7, generator=g) > 0.3
+    mask[..., 0] = True  # every query sees a key
+    options = {"scale": 0.3, "dropout_p": 0.0, "enable_gqa": kv_heads != 4}
+    ours = _matmul_attention(q, k, v, attn_mask=mask, **options)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-5)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    for a, b in zip(grads, torch.autograd.grad(reference.square().sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_cascade_in_bf16_training_takes_the_matmul_path_and_matches_the_dense_mask():
+    model, _ = build_tiny(seed=1)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 60, (9,), generator=g).tolist()
+    sequences = [prompt + torch.randint(3, 60, (n,), generator=g).tolist() for n in (4, 11, 7)]
+    packed = pack_prefix_groups(sequences, [0, 0, 0], row_tokens=64, pad_token_id=0)
+    calls = []
+    original = _matmul_attention.__globals__["_matmul_attention"]
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    _matmul_attention.__globals__["_matmul_attention"] = counted
+    try:
+        with training_autocast(model, CPU):
+            cascade = cascade_forward(model, packed).logits.float()
+            dense = model(**packed.model_inputs(model)).logits.float()
+    finally:
+        _matmul_attention.__globals__["_matmul_attention"] = original
+    assert calls  # bf16 with gradients on a CPU: matrix products, not SDPA
+    real = packed.input_ids != 0
+    torch.testing.assert_close(cascade[real], dense[real], atol=5e-2, rtol=5e-2)
