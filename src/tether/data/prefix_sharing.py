@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -56,20 +57,33 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
 class PrefixPacked:
     """Sequences packed as prefix trees.
 
-    ``input_ids`` / ``position_ids``: (R, L); ``allowed``: (R, L, L) bool, ``allowed[r, q, k]``
-    when token q may attend to token k; ``rows`` (N,) and ``columns`` (N, T): token t of sequence
+    ``input_ids`` / ``position_ids``: (R, L); ``rows`` (N,) and ``columns`` (N, T): token t of sequence
     i sits at ``(rows[i], columns[i, t])`` (-1 past its end); ``shared_tokens``: the tokens saved;
     ``spans``: each segment as ``(row, prefix start, prefix length, [(suffix start, suffix length), ...])``
-    in columns of its row (what cascade attention, :mod:`tether.models.cascade_attention`, reads).
+    in columns of its row (what cascade attention, :mod:`tether.models.cascade_attention`, reads);
+    ``segment`` / ``branch`` (R, L): each token's segment (a pad is a segment of its own) and member (0 on
+    a prefix, ``b`` on member ``b``'s suffix). :attr:`allowed`, the dense mask, is built on first use:
+    a cascade forward never needs it.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    allowed: torch.Tensor
     rows: torch.Tensor
     columns: torch.Tensor
     shared_tokens: int
     spans: list[tuple[int, int, int, list[tuple[int, int]]]]
+    segment: torch.Tensor
+    branch: torch.Tensor
+
+    @cached_property
+    def allowed(self) -> torch.Tensor:
+        """(R, L, L) bool, ``allowed[r, q, k]`` when token q may attend to token k: same segment, causal,
+        and k on the prefix or on q's own suffix."""
+        width = self.input_ids.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.segment.device).tril()
+        same_segment = self.segment[:, :, None] == self.segment[:, None, :]
+        same_branch = (self.branch[:, None, :] == 0) | (self.branch[:, :, None] == self.branch[:, None, :])
+        return same_segment & causal & same_branch
 
     def model_inputs(self, model: torch.nn.Module) -> dict[str, Any]:
         """``model(**...)`` arguments: the 4-D mask in the form ``model``'s attention expects."""
@@ -166,8 +180,5 @@ def pack_prefix_groups(sequences: Sequence[Sequence[int]], groups: Sequence[int]
             spans.append((r, offset, p, suffixes))
             segment[r, offset:cursor] = s
             offset = cursor
-    q, k = segment[:, :, None], segment[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = (q == k) & causal & ((branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :]))
     shared = sum(p * (len(seg) - 1) for seg, p in zip(segments, prefixes, strict=True))
-    return PrefixPacked(input_ids, positions, allowed, rows, columns, shared, spans)
+    return PrefixPacked(input_ids, positions, rows, columns, shared, spans, segment, branch)
