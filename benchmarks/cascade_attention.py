@@ -104,11 +104,11 @@ def main() -> None:
     for _ in range(args.repeats + 1):  # the first round warms up
         for name, run in runs.items():
             model.zero_grad(set_to_none=True)
-            synchronize(args.device)
+            wl.synchronize(args.device)
             start = time.perf_counter()
             logits = run()
             logits.float().logsumexp(-1).sum().backward()
-            synchronize(args.device)
+            wl.synchronize(args.device)
             times[name].append(time.perf_counter() - start)
             outputs[name] = logits.detach()
     tokens = sum(len(s) for s in sequences)
@@ -117,11 +117,6 @@ def main() -> None:
           f"({shared.shared_tokens} saved); dense pairs {shared.allowed.numel()}, cascade {layout.scored_pairs()}")
     print_times(times, 1000, "ms", {name: f"max|logits - plain| {(out - outputs['plain']).abs().max().item():.1e}"
                                     for name, out in outputs.items()})
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def print_times(times: dict[str, list[float]], scale: float, unit: str, extra: dict[str, str]) -> None:

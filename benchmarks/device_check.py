@@ -37,6 +37,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import synchronize
+
 # per stage: the overrides that shrink it, tried one by one and kept where the stage's config takes them
 SHRINK = {"train.max_steps": 2, "train.batch_size": 4, "eval.n": 4, "eval.max_new_tokens": 8,
           "data.task.n": 16, "rounds": 1, "iterations": 1, "n": 4, "max_new_tokens": 8,
@@ -147,21 +150,16 @@ def engine_checks(device: str, dtype: str) -> list[dict[str, Any]]:
         speeds = {}
         for name, fn in (("tether", tether_run), ("model.generate", hf_run)):
             fn()
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             tokens = sum(fn() for _ in range(3))
-            _sync(device)
+            synchronize(device)
             speeds[name] = tokens / (time.perf_counter() - start)
         rows.append({"check": f"engine tokens/s ({size}, {dtype})", "ok": True,
                      "detail": f"tether {speeds['tether']:,.0f} vs model.generate {speeds['model.generate']:,.0f}: "
                                f"{speeds['tether'] / speeds['model.generate']:.2f}x",
                      "tether": speeds["tether"], "baseline": speeds["model.generate"]})
     return rows
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from tether.models.tiny import build_tiny
 from tether.rollout import HFEngine, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import synchronize
 
 SCENARIOS = ("full", "ragged", "grouped", "queued")
 
@@ -94,11 +99,6 @@ def time_interleaved(runners: dict, repeats: int, device: str = "cpu") -> dict[s
             synchronize(device)
             times[name].append(time.perf_counter() - start)
     return {name: (min(t), statistics.median(t), tokens[name]) for name, t in times.items()}
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def add_eos_bias(model, eos_id: int, bias: float) -> None:

@@ -36,6 +36,12 @@ from tether.tasks.preferences import preference_records
 timed_region: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the device's queued kernels, so a wall-clock timer around GPU work measures it (no-op on CPU)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 @contextlib.contextmanager
 def timed() -> Iterator[list[float]]:
     """Time the block (inside ``timed_region()``); the seconds are appended to the yielded list."""
