@@ -7,9 +7,13 @@ module, over key / value buffers allocated once for the whole decode:
 
 - q, k and v come from one matmul with the three projection weights concatenated, and gate and up
   from one matmul likewise (weights gathered once per ``generate`` call, so the decoder always
-  uses the current weights);
-- RMSNorm is ``torch.nn.functional.rms_norm``; attention is ``scaled_dot_product_attention`` over
-  the filled prefix of the buffers with one additive padding mask built once;
+  uses the current weights); the residual adds ride on the output and down projections (``addmm``);
+- rotary embedding is one complex multiply: the q and k projection rows of every head are reordered
+  once so that each rotated pair (i, i + head_dim / 2) sits side by side, and q . k is unchanged by
+  the same reordering of both; the rotated k is written straight into its cache column, and q's
+  rotation carries the attention scale;
+- RMSNorm is ``torch.nn.functional.rms_norm``; attention over the filled prefix of the buffers is
+  ``baddbmm`` (scores plus the additive padding mask, built once), softmax and ``bmm``;
 - each step writes one column of the buffers in place; dropping finished rows is one index select.
 
 Only the decode steps run here; the prompt's prefill is an ordinary model forward, whose cache is
@@ -67,13 +71,30 @@ class _Layer:
     post_norm: torch.Tensor
 
 
-def _gather_layers(model: Any) -> list[_Layer]:
+def pair_order(head_dim: int) -> torch.Tensor:
+    """The head-dimension order that puts each rotary pair (i, i + head_dim / 2) side by side:
+    0, h, 1, h + 1, ... (h = head_dim / 2), so a rotation is a complex multiply of adjacent pairs."""
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).flatten()
+
+
+def _pairs_adjacent(projection: torch.Tensor | None, heads: int, order: torch.Tensor) -> torch.Tensor | None:
+    """Reorder each head's rows (weight (heads * D, H) or bias (heads * D,)) by ``order``."""
+    if projection is None:
+        return None
+    grouped = projection.reshape(heads, len(order), *projection.shape[1:])
+    return grouped[:, order].reshape(projection.shape)
+
+
+def _gather_layers(model: Any, heads: int, kv_heads: int, order: torch.Tensor) -> list[_Layer]:
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        biases = [_pairs_adjacent(attn.q_proj.bias, heads, order), _pairs_adjacent(attn.k_proj.bias, kv_heads, order),
+                  attn.v_proj.bias]
         layers.append(_Layer(
-            qkv_weight=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+            qkv_weight=torch.cat([_pairs_adjacent(attn.q_proj.weight, heads, order),
+                                  _pairs_adjacent(attn.k_proj.weight, kv_heads, order), attn.v_proj.weight]),
             qkv_bias=torch.cat(biases) if all(b is not None for b in biases) else None,
             o_weight=attn.o_proj.weight,
             gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
@@ -84,23 +105,20 @@ def _gather_layers(model: Any) -> list[_Layer]:
     return layers
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _complex_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) with adjacent rotary pairs -> a complex view (..., D / 2) of the same memory."""
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """One query per row: softmax(q k^T * scale + bias) v with plain batched matmuls, (B, heads, D).
-
-    For a single query the fused SDPA kernels cost more than the two small matmuls (measured ~1.3x
-    on the tiny models, 1 thread). Query heads are grouped over their key-value head (GQA).
-    """
-    batch, heads, _, dim = q.shape
-    kv_heads = keys.shape[1]
-    q = q.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(bias)
-    return torch.matmul(scores.softmax(-1), values).reshape(batch, heads, dim)
+def _rotate(x: torch.Tensor, rotation: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary embedding of ``x`` (B, heads, D), pairs adjacent: ``x * rotation`` as complex numbers
+    (``rotation`` (B, 1, D / 2), complex64), written to ``out`` when given. Other than float32 / float64,
+    the multiply runs in float32 and the result is cast back."""
+    if x.dtype in (torch.float32, torch.float64):
+        rotated = torch.mul(_complex_pairs(x), rotation, out=None if out is None else _complex_pairs(out))
+        return torch.view_as_real(rotated).flatten(-2) if out is None else out
+    rotated = torch.view_as_real(_complex_pairs(x.float()) * rotation).flatten(-2)
+    return rotated.to(x.dtype) if out is None else out.copy_(rotated)
 
 
 class StaticDecoder:
@@ -115,10 +133,11 @@ class StaticDecoder:
     def __init__(self, model: Any, cache: Any, mask: torch.Tensor, steps: int, capacity: int | None = None) -> None:
         cfg = model.config
         self.model = model
-        self.layers = _gather_layers(model)
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.order = pair_order(self.head_dim).to(model.lm_head.weight.device)
+        self.layers = _gather_layers(model, self.heads, self.kv_heads, self.order)
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         self.final_norm = model.model.norm.weight
@@ -129,7 +148,7 @@ class StaticDecoder:
         self.keys = first.new_empty(shape)
         self.values = first.new_empty(shape)
         for i, layer in enumerate(cache.layers):
-            self.keys[i, :, :, :width].copy_(layer.keys)
+            self.keys[i, :, :, :width].copy_(layer.keys[..., self.order])
             self.values[i, :, :, :width].copy_(layer.values)
         self.length = width
         bias = torch.zeros((batch, 1, 1, columns), dtype=first.dtype, device=first.device)
@@ -155,7 +174,7 @@ class StaticDecoder:
         if width > t:
             raise ValueError(f"a prompt of {width} tokens does not fit left of column {t}")
         for i in range(len(self.layers)):
-            self.keys[i, rows, :, t - width : t] = keys[i]
+            self.keys[i, rows, :, t - width : t] = keys[i][..., self.order]
             self.values[i, rows, :, t - width : t] = values[i]
         low = torch.finfo(self.bias.dtype).min
         bias = torch.zeros((len(rows), self.bias.shape[-1]), dtype=self.bias.dtype, device=self.bias.device)
@@ -192,28 +211,31 @@ class StaticDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) for the next token after feeding ``tokens`` (B,) at ``positions`` (B,)."""
-        hidden = self.model.model.embed_tokens(tokens)[:, None, :]  # (B, 1, H)
-        cos, sin = self.model.model.rotary_emb(hidden, positions[:, None])
-        cos, sin = cos[:, None], sin[:, None]  # (B, 1, 1, D)
+        hidden = self.model.model.embed_tokens(tokens)  # (B, H)
+        cos, sin = self.model.model.rotary_emb(hidden[:, None], positions[:, None])  # (B, 1, D)
+        half = self.head_dim // 2
+        rotation = torch.complex(cos[..., :half].float(), sin[..., :half].float())  # (B, 1, D / 2)
+        rotation_q = rotation * self.scale
         t, first = self.length, self.first
-        bias = self.bias[..., first : t + 1]
-        batch = tokens.shape[0]
+        batch, width = tokens.shape[0], t + 1 - first
+        groups = self.heads // self.kv_heads
+        bias = self.bias[..., first : t + 1].expand(batch, self.kv_heads, 1, width).reshape(-1, 1, width)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
             qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(batch, 1, self.heads, self.head_dim).transpose(1, 2)
-            k = k.view(batch, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            self.keys[i, :, :, t : t + 1] = k * cos + _rotate_half(k) * sin
-            self.values[i, :, :, t : t + 1] = v.view(batch, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            attn = _decode_attention(q, self.keys[i, :, :, first : t + 1], self.values[i, :, :, first : t + 1], bias,
-                                     self.scale)
-            hidden = hidden + F.linear(attn.reshape(batch, 1, q_size), layer.o_weight)
+            q = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q)
+            _rotate(qkv[:, q_size : q_size + kv_size].unflatten(-1, (self.kv_heads, self.head_dim)), rotation,
+                    out=self.keys[i, :, :, t])
+            self.values[i, :, :, t] = qkv[:, q_size + kv_size :].unflatten(-1, (self.kv_heads, self.head_dim))
+            keys = self.keys[i, :, :, first : t + 1].flatten(0, 1)  # (B * kv_heads, width, D)
+            values = self.values[i, :, :, first : t + 1].flatten(0, 1)
+            scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), keys.transpose(1, 2))
+            attn = torch.bmm(scores.softmax(-1), values)  # (B * kv_heads, groups, D)
+            hidden = hidden + F.linear(attn.reshape(batch, q_size), layer.o_weight)
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
             gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down_weight)
+            hidden = hidden + F.linear(F.silu(gate).mul_(up), layer.down_weight)
         self.length = t + 1
-        hidden = F.rms_norm(hidden[:, 0], (hidden.shape[-1],), self.final_norm, self.eps)
+        hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
         return self.model.lm_head(hidden).float()
