@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from tether.models.loading import apply_lora
 from tether.models.tiny import build_tiny
-from tether.rollout import HFEngine, SamplingParams, static_decoder
+from tether.rollout import HFEngine, SamplingParams, projection, static_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the shared fixture in conftest.py
 
@@ -73,3 +74,77 @@ def test_unsupported_models_keep_the_generic_path(tokenizer):
     windowed = _arch("qwen2")
     windowed.config.use_sliding_window, windowed.config.sliding_window = True, 16
     assert not static_decoder.supports(windowed, 32) and static_decoder.supports(windowed, 16)
+
+
+def _wide_model():
+    """Wide enough (hidden 512) for the decoder to prepack its projections."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=109, hidden_size=512, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=128,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prepacked_projection_computes_the_linear_map(dtype):
+    if not projection.packing_pays(torch.zeros(1, dtype=dtype), projection.PACK_MIN_HIDDEN):
+        pytest.skip("no MKL / oneDNN packed kernels in this build")
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 64, dtype=dtype), torch.randn(96, dtype=dtype), torch.randn(5, 64, dtype=dtype)
+    layer = projection.Projection(weight, bias)
+    assert not layer.serves(5) and torch.equal(layer(x), F.linear(x, weight, bias))
+    layer.pack(5)
+    assert layer.serves(5)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(layer(x).float(), F.linear(x, weight, bias).float(), rtol=tolerance, atol=tolerance)
+    fewer = x[:3]  # float32 packs serve one row count, other counts multiply plainly; bfloat16 packs serve any
+    assert layer.serves(3) == (dtype == torch.bfloat16)
+    assert torch.allclose(layer(fewer).float(), F.linear(fewer, weight, bias).float(), rtol=tolerance, atol=tolerance)
+    layer.unpack()
+    assert not layer.serves(5)
+
+
+def test_wide_models_decode_through_prepacked_weights_with_the_same_logits(tokenizer):
+    """The decoder packs its projections for the running batch, repacks when rows are dropped, multiplies
+    plainly when too few steps remain to pay for a pack, and its logits stay those of plain products."""
+    model = _wide_model()
+    if not projection.packing_pays(model.lm_head.weight, model.config.hidden_size):
+        pytest.skip("no MKL packed float32 kernels in this build")
+    prompts = _prompts(tokenizer, 10)
+    engine = HFEngine(model, tokenizer)
+    with torch.inference_mode():
+        def decoder(steps):
+            _, cache, mask, position = engine._prefill(prompts, steps, 1)
+            return static_decoder.StaticDecoder(model, cache, mask[:, : mask.shape[1] - steps], steps), position[:, 0]
+
+        (packed, position), (plain, _) = decoder(20), decoder(20)
+        plain.packs = False
+        tokens = torch.full((10,), 7)
+        assert torch.allclose(packed.step(tokens, position), plain.step(tokens, position), atol=1e-4)
+        assert packed.packed_rows == 10 and packed.layers[0].qkv.serves(10)
+        keep = torch.tensor([0, 2, 3, 5, 8, 9])
+        for d in (packed, plain):
+            d.select(keep)
+        logits = packed.step(tokens[keep], position[keep] + 1)
+        assert packed.packed_rows == 6 and packed.layers[0].down.serves(6) and not packed.layers[0].down.serves(10)
+        assert torch.allclose(logits, plain.step(tokens[keep], position[keep] + 1), atol=1e-4)
+        short, position = decoder(projection.REPACK_MIN_STEPS - 1)
+        short.step(tokens, position)
+        assert short.packs and not short.layers[0].qkv.serves(10)  # too few steps to pay for a pack
+    greedy = SamplingParams(greedy=True, max_new_tokens=12)
+    fast, slow = engine.generate(prompts, greedy), HFEngine(model, tokenizer, static=False).generate(prompts, greedy)
+    assert fast.completion_ids == slow.completion_ids
+
+
+def test_a_rotary_whose_pairs_do_not_share_an_angle_keeps_the_generic_path():
+    model = _arch("llama-gqa")
+    assert static_decoder.supports(model, 64)
+    original = model.model.rotary_emb.forward
+
+    def skewed(x, position_ids):
+        cos, sin = original(x, position_ids)
+        ramp = torch.linspace(0.5, 1.0, cos.shape[-1])
+        return cos * ramp, sin * ramp
+
+    model.model.rotary_emb.forward = skewed
+    assert not static_decoder.supports(model, 64)

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tether.rollout.projection import REPACK_MIN_STEPS, Projection, packing_pays
+
 SUPPORTED_TYPES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 # Drop finished rows from the batch once the running rows are at most this fraction of it. Measured on the
@@ -57,18 +59,32 @@ def supports(model: Any, total_length: int) -> bool:
                        layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj]
         if any(type(p) is not torch.nn.Linear for p in projections) or layer.self_attn.o_proj.bias is not None:
             return False  # adapters (LoRA) or quantised layers wrap these: keep the generic path
-    return type(model.lm_head) is torch.nn.Linear
+    if type(model.lm_head) is not torch.nn.Linear:
+        return False
+    return _rotary_pairs_share_an_angle(model)
+
+
+def _rotary_pairs_share_an_angle(model: Any) -> bool:
+    """The complex-multiply rotation needs dimensions i and i + head_dim / 2 rotated by one angle (Hugging
+    Face's ``rotate_half`` layout, every rope type of these models): checked on a probe."""
+    probe = model.lm_head.weight.new_zeros((1, 2, model.config.hidden_size))
+    positions = torch.arange(2, device=probe.device)[None]
+    cos, sin = model.model.rotary_emb(probe, positions)
+    half = cos.shape[-1] // 2
+    return bool(torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:]))
 
 
 @dataclass
 class _Layer:
-    qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_weight: torch.Tensor
-    gate_up_weight: torch.Tensor
-    down_weight: torch.Tensor
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+
+    def projections(self) -> tuple[Projection, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
 
 
 def pair_order(head_dim: int) -> torch.Tensor:
@@ -92,13 +108,13 @@ def _gather_layers(model: Any, heads: int, kv_heads: int, order: torch.Tensor) -
         attn, mlp = layer.self_attn, layer.mlp
         biases = [_pairs_adjacent(attn.q_proj.bias, heads, order), _pairs_adjacent(attn.k_proj.bias, kv_heads, order),
                   attn.v_proj.bias]
+        qkv_weight = torch.cat([_pairs_adjacent(attn.q_proj.weight, heads, order),
+                                _pairs_adjacent(attn.k_proj.weight, kv_heads, order), attn.v_proj.weight])
         layers.append(_Layer(
-            qkv_weight=torch.cat([_pairs_adjacent(attn.q_proj.weight, heads, order),
-                                  _pairs_adjacent(attn.k_proj.weight, kv_heads, order), attn.v_proj.weight]),
-            qkv_bias=torch.cat(biases) if all(b is not None for b in biases) else None,
-            o_weight=attn.o_proj.weight,
-            gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-            down_weight=mlp.down_proj.weight,
+            qkv=Projection(qkv_weight, torch.cat(biases) if all(b is not None for b in biases) else None),
+            o=Projection(attn.o_proj.weight),
+            gate_up=Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+            down=Projection(mlp.down_proj.weight),
             input_norm=layer.input_layernorm.weight,
             post_norm=layer.post_attention_layernorm.weight,
         ))
@@ -156,6 +172,10 @@ class StaticDecoder:
         self.bias = bias
         self.start = width - mask.sum(-1).long()  # per row, the first column it attends to
         self.first = 0  # no row attends left of this column: attention reads from here on
+        self.steps = steps
+        self.remaining = steps  # decode steps the running rows may still take
+        self.packs = packing_pays(self.layers[0].qkv.weight, cfg.hidden_size)
+        self.packed_rows = 0  # the batch size the projections were last prepared for
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the batch rows ``keep`` (indices into the current batch)."""
@@ -182,6 +202,7 @@ class StaticDecoder:
         bias[:, t - width : t].masked_fill_(mask == 0, low)
         self.bias[rows, 0, 0] = bias
         self.start[rows] = t - mask.sum(-1).long()
+        self.remaining = self.steps
 
     def make_room(self, live: torch.Tensor, keep: int) -> None:
         """Make sure the next step has a free column: when the buffers are full, drop the columns left of
@@ -209,6 +230,18 @@ class StaticDecoder:
         self.first -= drop
         self.length = kept
 
+    def _pack(self, rows: int) -> None:
+        """Prepare every projection for ``rows`` rows: prepacked (:mod:`tether.rollout.projection`), or plain
+        when fewer than ``REPACK_MIN_STEPS`` steps are left to pay for a pack."""
+        pack = self.remaining >= REPACK_MIN_STEPS
+        for layer in self.layers:
+            for projection in layer.projections():
+                if not pack:
+                    projection.unpack()
+                elif not projection.serves(rows):
+                    projection.pack(rows)
+        self.packed_rows = rows
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) for the next token after feeding ``tokens`` (B,) at ``positions`` (B,)."""
         hidden = self.model.model.embed_tokens(tokens)  # (B, H)
@@ -218,12 +251,15 @@ class StaticDecoder:
         rotation_q = rotation * self.scale
         t, first = self.length, self.first
         batch, width = tokens.shape[0], t + 1 - first
+        if self.packs and batch != self.packed_rows:
+            self._pack(batch)
+        self.remaining -= 1
         groups = self.heads // self.kv_heads
         bias = self.bias[..., first : t + 1].expand(batch, self.kv_heads, 1, width).reshape(-1, 1, width)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q)
             _rotate(qkv[:, q_size : q_size + kv_size].unflatten(-1, (self.kv_heads, self.head_dim)), rotation,
                     out=self.keys[i, :, :, t])
@@ -232,10 +268,10 @@ class StaticDecoder:
             values = self.values[i, :, :, first : t + 1].flatten(0, 1)
             scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), keys.transpose(1, 2))
             attn = torch.bmm(scores.softmax(-1), values)  # (B * kv_heads, groups, D)
-            hidden = hidden + F.linear(attn.reshape(batch, q_size), layer.o_weight)
+            hidden = hidden + layer.o(attn.reshape(batch, q_size))
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
-            gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate).mul_(up), layer.down_weight)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate).mul_(up))
         self.length = t + 1
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
         return self.model.lm_head(hidden).float()

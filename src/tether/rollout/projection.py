@@ -1,0 +1,73 @@
+"""A decode step's linear projection, with its weight prepacked for the CPU matrix-product kernels.
+
+At decode time a projection multiplies the same weight by a few dozen rows every step. The plain
+``F.linear`` re-reads the weight in its stored layout each time; a weight reordered once into the
+kernel's own blocked layout (MKL's packed GEMM in float32, oneDNN's in bfloat16, the layouts
+``torch.compile``'s CPU freezing pass uses) is multiplied faster. Measured on this project's 2-core
+CPU, the engine at batch 64 (32 new tokens, median of 5 alternating runs): the small model (hidden 512)
+1.20x faster in float32, 1.10x in bfloat16, packing 21 / 15 ms per ``generate`` batch; the tiny model
+(hidden 128) 0.95x, so packing is left to models whose hidden size is at least :data:`PACK_MIN_HIDDEN`.
+
+MKL's packed float32 GEMM is tied to the row count it was packed for: when the batch changes (finished
+rows dropped) the weight is packed again for the new count, or, with few steps left, multiplied plainly.
+oneDNN's bfloat16 layout serves any row count. Everything else (CUDA, float16, a build without MKL or
+oneDNN) runs ``F.linear``. Packed products agree with ``F.linear`` to float rounding (bfloat16:
+identical in the tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PACK_MIN_HIDDEN = 512
+# Repack for a new row count only when at least this many steps remain (a pack of the small model's
+# weights costs about 3-4 steps of what it saves).
+REPACK_MIN_STEPS = 8
+
+
+def _mkl_available() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def packing_pays(weight: torch.Tensor, hidden_size: int) -> bool:
+    """Whether decode projections of this dtype / device / model width are worth prepacking."""
+    if weight.device.type != "cpu" or hidden_size < PACK_MIN_HIDDEN:
+        return False
+    if weight.dtype == torch.float32:
+        return _mkl_available()
+    return weight.dtype == torch.bfloat16 and _onednn_available()
+
+
+class Projection:
+    """``x @ weight.T + bias`` for 2-D ``x``; :meth:`pack` prepares the weight for ``rows`` rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias
+        self.packed: torch.Tensor | None = None
+        self.rows = 0  # the row count MKL's float32 pack serves (0: any, oneDNN)
+
+    def pack(self, rows: int) -> None:
+        if self.weight.dtype == torch.float32:
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
+            self.rows = rows
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows)
+
+    def unpack(self) -> None:
+        self.packed, self.rows = None, 0
+
+    def serves(self, rows: int) -> bool:
+        """Whether the packed weight multiplies ``rows`` rows (False when unpacked)."""
+        return self.packed is not None and self.rows in (0, rows)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.serves(x.shape[0]):
+            return F.linear(x, self.weight, self.bias)
+        if self.rows:
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, self.rows)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
