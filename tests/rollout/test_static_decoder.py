@@ -148,3 +148,26 @@ def test_a_rotary_whose_pairs_do_not_share_an_angle_keeps_the_generic_path():
 
     model.model.rotary_emb.forward = skewed
     assert not static_decoder.supports(model, 64)
+
+
+def test_wide_models_keep_their_tokens_when_rows_finish_or_are_refilled(tokenizer, monkeypatch):
+    """With EOS made likely, rows stop at different steps: the chunked decoder drops them and repacks for the
+    smaller batch, the continuous one refills them; both give the generic path's greedy tokens."""
+    model = _wide_model()
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[2] = 0.5  # EOS
+    model.lm_head = head
+    prompts = _prompts(tokenizer, 12)
+    greedy = SamplingParams(greedy=True, max_new_tokens=16)
+    generic = HFEngine(model, tokenizer, static=False).generate(prompts, greedy)
+    assert len({len(c) for c in generic.completion_ids}) >= 3
+    packed_for = []
+    original = projection.Projection.pack
+    monkeypatch.setattr(projection.Projection, "pack", lambda self, rows: (packed_for.append(rows), original(self, rows)))
+    for engine in (HFEngine(model, tokenizer), HFEngine(model, tokenizer, batch_size=5, continuous=True)):
+        assert engine.generate(prompts, greedy).completion_ids == generic.completion_ids
+    if projection.packing_pays(model.lm_head.weight, model.config.hidden_size):
+        assert {12, 9, 5} <= set(packed_for)  # the first batch, the batch after dropping rows, the refilled one
