@@ -7,7 +7,8 @@ module, over key / value buffers allocated once for the whole decode:
 
 - q, k and v come from one matmul with the three projection weights concatenated, and gate and up
   from one matmul likewise (weights gathered once per ``generate`` call, so the decoder always
-  uses the current weights); the residual adds ride on the output and down projections (``addmm``);
+  uses the current weights), each a :class:`~tether.rollout.projection.Projection` that wide models
+  prepack for the CPU's matrix-product kernels;
 - rotary embedding is one complex multiply: the q and k projection rows of every head are reordered
   once so that each rotated pair (i, i + head_dim / 2) sits side by side, and q . k is unchanged by
   the same reordering of both; the rotated k is written straight into its cache column, and q's
