@@ -217,3 +217,22 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
+
+
+def own_trainable_weights(model: torch.nn.Module) -> int:
+    """Copy every trainable CPU parameter that is a whole storage into fresh memory of its own; returns
+    how many were copied. ``from_pretrained`` leaves CPU weights in a copy-on-write mapping of the
+    safetensors file, so the first optimiser step writes each 4 KiB page through a page fault: 0.39 s
+    for the 26M-parameter built-in model, against 0.025 s for this copy. Values, the ``Parameter``
+    objects (and so tied weights and optimiser references) are unchanged; a parameter that is a view of
+    a larger storage is left alone, since copying it would untie it from the rest of that storage."""
+    copied = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if (not p.requires_grad or p.device.type != "cpu" or type(p.data) is not torch.Tensor
+                    or p.storage_offset() != 0
+                    or p.untyped_storage().nbytes() != p.numel() * p.element_size() or not p.is_contiguous()):
+                continue
+            p.data = p.data.clone()
+            copied += 1
+    return copied

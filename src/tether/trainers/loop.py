@@ -44,6 +44,7 @@ from tether.config.common import OptimConfig, StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
 from tether.models.attention import training_autocast
+from tether.models.loading import own_trainable_weights
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
@@ -174,6 +175,7 @@ class Trainer:
         self._first_bad: str | None = None
         self.max_bad_steps = config.train.max_bad_steps
         torch.set_num_threads(config.train.threads)
+        own_trainable_weights(model)
         if self.dist.is_main:  # a read-only or full output directory fails here, not at the first checkpoint
             ckpt.check_output_dir(self.run_dir, need_bytes=checkpoint_bytes(model))
         self.optimizer = build_optimizer(model, config.optim, parts=self.optimizer_parts())
