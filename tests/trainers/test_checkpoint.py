@@ -2,6 +2,7 @@
 resume falling back to the previous good checkpoint, and a failed write (disk full) that corrupts nothing."""
 
 import errno
+import hashlib
 import json
 import logging
 
@@ -227,3 +228,28 @@ def test_disk_full_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - 2**25, 2**25))  # 32 MB free
     assert disk_full_reason(RuntimeError("unexpected pos"), tmp_path) == f"the disk is full (32 MB free on {tmp_path})"
     assert disk_full_reason(OSError(errno.EACCES, "Permission denied"), tmp_path) is None  # an errno says otherwise
+
+
+def test_trainer_state_is_saved_without_zip_checksums_and_the_option_restored(tmp_path):
+    state = {"exp_avg": torch.randn(1000), "step": 3}
+    assert torch.serialization.get_crc32_options() is True
+    ckpt.save_without_zip_checksums(state, tmp_path / "state.pt")
+    assert torch.serialization.get_crc32_options() is True
+    loaded = torch.load(tmp_path / "state.pt", weights_only=False)
+    assert torch.equal(loaded["exp_avg"], state["exp_avg"]) and loaded["step"] == 3
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises, the option comes back
+        ckpt.save_without_zip_checksums({"f": lambda: 0}, tmp_path / "bad.pt")
+    assert torch.serialization.get_crc32_options() is True
+
+
+def test_manifest_hashes_every_file_as_one_at_a_time_would(tmp_path):
+    for i, size in enumerate([0, 10, 3 << 20, 5000]):
+        (tmp_path / f"f{i}.bin").write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "g.bin").write_bytes(b"abc")
+    ckpt.write_manifest(tmp_path)
+    files = json.loads((tmp_path / ckpt.MANIFEST_FILE).read_text())["files"]
+    expected = {p.relative_to(tmp_path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in tmp_path.rglob("*.bin")}
+    assert {k: v["sha256"] for k, v in files.items()} == expected
+    verify_checkpoint(tmp_path)
