@@ -57,3 +57,21 @@ def test_a_view_of_a_larger_storage_is_left_alone_and_tied_weights_stay_one_obje
     assert base.data_ptr() != base_ptr and lin.weight.data_ptr() != lin_ptr
     assert view.data_ptr() == view_ptr  # copying a view would cut it from the storage it shares
     assert model.tied is lin.weight
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_a_trainer_trains_on_its_own_copy_of_mapped_weights(tmp_path):
+    from tether.tasks import get_task, sft_records
+    from tether.trainers.sft import SFTConfig, SFTTrainer
+
+    save_tiny(tmp_path / "m", "tiny", seed=0)
+    model, tokenizer = load_model(str(tmp_path / "m"))
+    weight = model.model.layers[0].mlp.up_proj.weight
+    assert (mapped_file(weight.data_ptr()) or "").endswith(".safetensors")
+    cfg = SFTConfig(name="sft", data={"task": {"n": 8}, "pack_length": 64}, report_to=[],
+                    train={"max_steps": 1, "batch_size": 4, "progress": False, "save_every_minutes": None})
+    trainer = SFTTrainer(cfg, model, tokenizer, tmp_path / "run",
+                         records=sft_records(get_task("arithmetic", digits=2), 8, seed=0), stage="sft")
+    trainer.train()
+    assert mapped_file(weight.data_ptr()) is None
+    assert next(iter(trainer.optimizer.state)) in set(model.parameters())

@@ -175,7 +175,6 @@ class Trainer:
         self._first_bad: str | None = None
         self.max_bad_steps = config.train.max_bad_steps
         torch.set_num_threads(config.train.threads)
-        own_trainable_weights(model)
         if self.dist.is_main:  # a read-only or full output directory fails here, not at the first checkpoint
             ckpt.check_output_dir(self.run_dir, need_bytes=checkpoint_bytes(model))
         self.optimizer = build_optimizer(model, config.optim, parts=self.optimizer_parts())
@@ -226,10 +225,12 @@ class Trainer:
     def parallelize(self) -> None:
         """Under torchrun, wrap the model as ``train.strategy`` says (once, when training starts, so
         that copies a trainer made in ``__init__`` stay whole); FSDP2 replaces the parameters, so the
-        still unused optimiser and schedule are rebuilt over the sharded ones."""
+        still unused optimiser and schedule are rebuilt over the sharded ones. First, trainable CPU
+        weights leave a loader's file mapping (:func:`~tether.models.loading.own_trainable_weights`)."""
         if self._parallel:
             return
         self._parallel = True
+        own_trainable_weights(self.model)
         wrapped = parallel.wrap_model(self.model, self.config.train.strategy)
         if wrapped is self.model and not parallel.is_sharded(wrapped):
             return
