@@ -30,7 +30,8 @@ timed in the same process with the same threads.
 ``prefix_sharing``; default ``true``, the library's default: the dense prefix-sharing mask); TRL has none.
 
 Writes the rows as JSON (``--out``), the same table as markdown next to it (``.md``), and prints it.
-``--quick`` runs every workload once at a trivial size: the smoke test that keeps this script working.
+``--quick`` runs every workload once at a trivial size, sampling the load for 0.1 s around each row instead
+of 1 s: the smoke test that keeps this script working.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ METRICS = {"sft": ["tokens", "loss_tokens"], "dpo": ["pairs"], "grpo": ["complet
 
 
 PRECISIONS = ("fp32", "bf16-mixed")
+QUICK_LOAD_SECONDS = 0.1  # the load samples around a --quick row (a smoke test: its timings mean nothing)
 LOADED_CORES = 0.25  # other processes' CPU use (cores) above which a row is marked as measured under load
 
 
@@ -187,19 +189,21 @@ def run_once(workload: str, name: str, model_dir: Path, spec: wl.Spec, threads: 
         return wl.TRAINING[key][name](model_dir, spec, Path(scratch), threads)
 
 
-def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int, threads: int) -> list[dict]:
-    """Alternate the libraries ``runs`` times; one row per metric of the workload, with the load around it."""
+def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int, threads: int,
+            load_seconds: float = 1.0) -> list[dict]:
+    """Alternate the libraries ``runs`` times; one row per metric of the workload, with the load around it
+    (other processes' CPU use sampled over ``load_seconds`` before and after, and measured during)."""
     generation = workload.startswith("generation")
     names = ("tether", "model.generate") if generation else ("tether", "trl")
     results: dict[str, list[wl.Measurement]] = {n: [] for n in names}
-    load_before = other_load()
+    load_before = other_load(load_seconds)
     with LoadDuring() as during:
         for run in range(runs):
             for name in names if run % 2 == 0 else names[::-1]:
                 gc.collect()
                 results[name].append(run_once(workload, name, model_dir, spec, threads))
                 torch.set_num_threads(threads)
-    load_after = other_load()
+    load_after = other_load(load_seconds)
     load = {"load_before": load_before, "load_during": during.cores, "load_after": load_after,
             "under_load": max(load_before, during.cores, load_after) > LOADED_CORES}
     rows = []
@@ -342,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                     spec = dataclasses.replace(SPECS[model][workload][1 if args.quick else 0], precision=precision,
                                                prefix_sharing=PREFIX_SHARING[args.prefix_sharing])
                     print(f"... {precision} {model} {workload}", file=sys.stderr, flush=True)
-                    rows.extend(measure(workload, model, model_dirs[model], spec, args.runs, args.threads))
+                    rows.extend(measure(workload, model, model_dirs[model], spec, args.runs, args.threads,
+                                        load_seconds=QUICK_LOAD_SECONDS if args.quick else 1.0))
             if "small" in models and "sft" in workloads:
                 dtype = torch.float32 if precision == "fp32" else torch.bfloat16
                 mfu = mfu_rows(rows, model_dirs, matmul_peak(args.threads, dtype=dtype), precision)

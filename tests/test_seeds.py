@@ -96,7 +96,7 @@ def test_an_interrupted_run_over_seeds_stops_every_seed_and_resumes(tmp_path):
 
     out = tmp_path / "seeds"
     command = [sys.executable, "-m", "tether", "run", "sft-arithmetic", "--seeds", "2", "--parallel", "2",
-               "--out", str(out), *QUICK, "*.train.max_steps=150", "*.train.log_every=1"]
+               "--out", str(out), *QUICK, "*.train.max_steps=40", "*.train.log_every=1"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     deadline = time.monotonic() + 120

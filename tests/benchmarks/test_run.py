@@ -69,12 +69,12 @@ def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
     assert module.matmul_flops_of("aten::addmm", [[4], [2, 3], [3, 4]]) == 2 * 2 * 3 * 4
     assert module.matmul_flops_of("aten::bmm", [[5, 2, 3], [5, 3, 4]]) == 5 * 2 * 2 * 3 * 4
     out = tmp_path / "profile.json"
+    # one precision: bf16-mixed runs the same profiling code (the benchmark's quick test runs both precisions)
     run_script("profile_ops.py", "--quick", "--models", "tiny", "--workloads", "sft,generation_fixed", "--threads",
-               "1", "--precisions", "fp32,bf16-mixed", "--out", str(out))
+               "1", "--precisions", "fp32", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [(r["precision"], r["workload"], r["baseline"]) for r in rows] == [
-        ("fp32", "sft", "trl"), ("fp32", "generation_fixed", "model.generate"),
-        ("bf16-mixed", "sft", "trl"), ("bf16-mixed", "generation_fixed", "model.generate")]
+        ("fp32", "sft", "trl"), ("fp32", "generation_fixed", "model.generate")]
     for row in rows:
         ours, theirs = row["tether"], row[row["baseline"]]
         assert 0 < ours["matmul_s"] <= ours["seconds"] and ours["matmul_gflop"] > 0
