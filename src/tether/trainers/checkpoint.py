@@ -131,6 +131,12 @@ def checkpoint_step(path: Path) -> int:
     return int(path.name[len(STEP_PREFIX):])
 
 
+def newest_at(stage_dir: Path, step: int) -> Path | None:
+    """The newest complete checkpoint if it was written at ``step``, else None."""
+    checkpoints = list_checkpoints(stage_dir)
+    return checkpoints[-1] if checkpoints and checkpoint_step(checkpoints[-1]) == step else None
+
+
 # ---- integrity -------------------------------------------------------------------------------------
 def _file_digest(path: Path, *, sync: bool = False) -> str:
     digest = hashlib.sha256()
@@ -332,21 +338,55 @@ def check_output_dir(path: Path, *, need_bytes: int = 0) -> None:
 
 
 def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, merge_lora: bool = True,
-                 state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """Write the final model into ``stage_dir`` itself (Hugging Face layout), file by file atomically."""
+                 state_dict: dict[str, torch.Tensor] | None = None, checkpoint: Path | None = None) -> None:
+    """Write the final model into ``stage_dir`` itself (Hugging Face layout), file by file atomically.
+
+    ``checkpoint``: a checkpoint of this model holding exactly these weights (the trainer's last, written at
+    the final step). Its model files are hard-linked instead of serialised again, which saves the time and
+    the disk space of a second copy; a merged LoRA model, gathered FSDP2 weights (``state_dict``) or a file
+    system without hard links fall back to writing."""
     tmp = stage_dir / (".final" + TMP_SUFFIX)
     if tmp.exists():
         shutil.rmtree(tmp)
     model = unwrap(model)
-    if merge_lora and hasattr(model, "merge_and_unload"):
-        # merge into a copy so the live peft model stays usable
-        import copy
+    peft = hasattr(model, "merge_and_unload")
+    if not (checkpoint is not None and state_dict is None and not (merge_lora and peft)
+            and _link_model_files(checkpoint, tmp)):
+        if merge_lora and peft:
+            # merge into a copy so the live peft model stays usable
+            import copy
 
-        model = copy.deepcopy(model).merge_and_unload()
-    save_weights(model, tokenizer, tmp, state_dict)
+            model = copy.deepcopy(model).merge_and_unload()
+        save_weights(model, tokenizer, tmp, state_dict)
     for file in tmp.iterdir():
-        os.replace(file, stage_dir / file.name)
+        target = stage_dir / file.name
+        if target.exists() and os.path.samefile(file, target):  # exported from this checkpoint before (a
+            file.unlink()  # resumed, finished stage): renaming one link of a file onto another does nothing
+        else:
+            os.replace(file, target)
     tmp.rmdir()
+
+
+def _link_model_files(checkpoint: Path, target: Path) -> bool:
+    """Hard-link the model and tokenizer files of ``checkpoint`` (every file its manifest lists but the
+    trainer state) into a new directory ``target``; False, leaving no ``target``, when that cannot be done
+    (no manifest, a nested file, a file system without hard links)."""
+    try:
+        names = list(json.loads((checkpoint / MANIFEST_FILE).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    names = [n for n in names if n != STATE_FILE]
+    if not names or any("/" in n for n in names):
+        return False
+    try:
+        target.mkdir()
+        for name in names:
+            os.link(checkpoint / name, target / name)
+    except OSError as err:
+        log.info("could not hard-link %s into the export (%s); writing the weights again", checkpoint, err)
+        shutil.rmtree(target, ignore_errors=True)
+        return False
+    return True
 
 
 def mark_done(stage_dir: Path, info: dict[str, Any]) -> None:
