@@ -253,3 +253,27 @@ def test_manifest_hashes_every_file_as_one_at_a_time_would(tmp_path):
                 for p in tmp_path.rglob("*.bin")}
     assert {k: v["sha256"] for k, v in files.items()} == expected
     verify_checkpoint(tmp_path)
+
+
+def test_verification_reports_the_first_damaged_file_in_manifest_order(tmp_path):
+    """Files are checked side by side, but with several damaged the error names the first in the manifest's
+    order, as checking one at a time would; an intact checkpoint still verifies."""
+    for i in range(6):
+        (tmp_path / f"f{i}.bin").write_bytes(bytes([i]) * (2 << 20))
+    ckpt.write_manifest(tmp_path)
+    assert verify_checkpoint(tmp_path)
+    order = list(json.loads((tmp_path / ckpt.MANIFEST_FILE).read_text())["files"])
+    assert order == [f"f{i}.bin" for i in range(6)]
+    (tmp_path / "f4.bin").unlink()  # missing, late in the order
+    (tmp_path / "f3.bin").write_bytes(b"short")  # truncated
+    flipped = bytearray((tmp_path / "f1.bin").read_bytes())
+    flipped[-1] ^= 1
+    (tmp_path / "f1.bin").write_bytes(flipped)  # same size, changed: found only by hashing
+    with pytest.raises(CheckpointError, match=r"'f1\.bin' does not match its sha256"):
+        verify_checkpoint(tmp_path)
+    (tmp_path / "f1.bin").write_bytes(bytes([1]) * (2 << 20))
+    with pytest.raises(CheckpointError, match=r"'f3\.bin' is 5 bytes"):
+        verify_checkpoint(tmp_path)
+    (tmp_path / "f3.bin").write_bytes(bytes([3]) * (2 << 20))
+    with pytest.raises(CheckpointError, match=r"'f4\.bin' is missing"):
+        verify_checkpoint(tmp_path)

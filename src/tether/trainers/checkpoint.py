@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -165,12 +165,21 @@ def _checkpoint_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
 
 
+def _side_by_side(function: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+    """``function`` over ``items`` in a few threads (hashlib and fsync release the GIL), the results in
+    the order of ``items``; work not yet started is cancelled when the caller stops early."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(items), os.cpu_count() or 1, 4)))
+    try:
+        yield from pool.map(function, items)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def write_manifest(directory: Path) -> None:
     """``manifest.json``: size and sha256 of every file under ``directory``, each synced to disk first.
-    The files are hashed side by side (hashlib and fsync release the GIL)."""
+    The files are hashed side by side."""
     paths = _checkpoint_files(directory)
-    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
-        digests = list(pool.map(lambda p: _file_digest(p, sync=True), paths))
+    digests = list(_side_by_side(lambda p: _file_digest(p, sync=True), paths))
     files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": digest}
              for p, digest in zip(paths, digests, strict=True)}
     with open(directory / MANIFEST_FILE, "w") as f:
@@ -192,17 +201,23 @@ def verify_checkpoint(directory: Path) -> bool:
         files = json.loads(manifest_path.read_text())["files"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"checkpoint {directory}: {MANIFEST_FILE} is unreadable ({err})") from None
-    for name, entry in files.items():
+
+    def problem(item: tuple[str, dict]) -> str | None:
+        name, entry = item
         path = directory / name
         if not path.is_file():
-            raise CheckpointError(f"checkpoint {directory}: file {name!r} is missing")
+            return f"file {name!r} is missing"
         size = path.stat().st_size
         if size != entry["bytes"]:
-            raise CheckpointError(f"checkpoint {directory}: file {name!r} is {size} bytes, the manifest says "
-                                  f"{entry['bytes']} (truncated or overwritten)")
+            return f"file {name!r} is {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
         if _file_digest(path) != entry["sha256"]:
-            raise CheckpointError(f"checkpoint {directory}: file {name!r} does not match its sha256 in "
-                                  f"{MANIFEST_FILE} (corrupted)")
+            return f"file {name!r} does not match its sha256 in {MANIFEST_FILE} (corrupted)"
+        return None
+
+    # checked side by side; the first problem in the manifest's order is the one reported
+    for found in _side_by_side(problem, list(files.items())):
+        if found is not None:
+            raise CheckpointError(f"checkpoint {directory}: {found}")
     return True
 
 
