@@ -364,10 +364,10 @@ def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, mer
     if tmp.exists():
         shutil.rmtree(tmp)
     model = unwrap(model)
-    peft = hasattr(model, "merge_and_unload")
-    if not (checkpoint is not None and state_dict is None and not (merge_lora and peft)
-            and _link_model_files(checkpoint, tmp)):
-        if merge_lora and peft:
+    merge = merge_lora and hasattr(model, "merge_and_unload")
+    linkable = checkpoint is not None and state_dict is None and not merge
+    if not (linkable and _link_model_files(checkpoint, tmp)):
+        if merge:
             # merge into a copy so the live peft model stays usable
             import copy
 

@@ -493,7 +493,7 @@ class Trainer:
         if self.dist.is_main:
             self.stage_dir.mkdir(parents=True, exist_ok=True)
             ckpt.export_final(self.stage_dir, parallel.unwrap(self.model), self.tokenizer, state_dict=full,
-                              checkpoint=None if self.sharded else ckpt.newest_at(self.stage_dir, self.step))
+                              checkpoint=ckpt.newest_at(self.stage_dir, self.step))
             ckpt.mark_done(self.stage_dir, {"stage": self.stage, "type": self.config.type, "step": self.step,
                                             "results": self.results})
         self.logger.close()
