@@ -32,7 +32,7 @@ import torch
 
 from tether.data.packing import pack_bins, row_capacity
 
-MASKABLE_ATTENTION = ("sdpa", "eager")
+MASKABLE_ATTENTION = ("sdpa", "eager", "tether_matmul")  # the last: tether.models.attention.MATMUL_ATTENTION
 
 
 def supports_custom_masks(model: torch.nn.Module) -> bool:

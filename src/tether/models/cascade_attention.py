@@ -32,7 +32,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tether.data.prefix_sharing import PrefixPacked
-from tether.models.attention import attention_implementation, matmul_attention_pays
+from tether.models.attention import attention_implementation, matmul_attention, matmul_attention_pays
 
 CASCADE_ATTENTION = "tether_cascade"
 
@@ -106,17 +106,10 @@ def _gather(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return flat.index_select(0, index.reshape(-1)).view(*index.shape, *flat.shape[1:]).transpose(1, 2)
 
 
-def _matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, attn_mask: torch.Tensor,
-                      scale: float | None, dropout_p: float, enable_gqa: bool) -> torch.Tensor:
-    """``F.scaled_dot_product_attention``'s result as two matrix products and a float32 softmax: faster in
-    bfloat16 training on a CPU (:func:`~tether.models.attention.matmul_attention_pays`)."""
-    if enable_gqa:
-        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
-    scores = (query @ key.transpose(-1, -2)).float() * (scale if scale is not None else query.shape[-1] ** -0.5)
-    weights = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min).softmax(-1)
-    weights = F.dropout(weights, p=dropout_p) if dropout_p else weights
-    return weights.to(value.dtype) @ value
+def _matmul_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, attn_mask: torch.Tensor,
+                 scale: float | None, dropout_p: float, enable_gqa: bool) -> torch.Tensor:
+    """:func:`~tether.models.attention.matmul_attention` in ``F.scaled_dot_product_attention``'s signature."""
+    return matmul_attention(query, key, value, attn_mask, scale, dropout_p)[0]
 
 
 def cascade_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -133,7 +126,7 @@ def cascade_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     q, k, v = (t.transpose(1, 2).reshape(-1, t.shape[1], dim) for t in (query, key, value))
     device = query.device
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else query.dtype
-    attend = _matmul_attention if matmul_attention_pays(device, dtype) else F.scaled_dot_product_attention
+    attend = _matmul_sdpa if matmul_attention_pays(device, dtype) else F.scaled_dot_product_attention
     parts = []
     for queries, keys, mask in ((cascade.prefix_tokens, cascade.prefix_tokens, cascade.prefix_mask),
                                 (cascade.suffix_queries, cascade.suffix_keys, cascade.suffix_mask)):
