@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tether.data.packing import pack_sequences
-from tether.data.prefix_sharing import pack_prefix_groups
+from tether.data.prefix_sharing import pack_prefix_groups, supports_custom_masks
 from tether.models import build_tiny, cascade_attention
 from tether.models.attention import (
     MATMUL_ATTENTION,
@@ -165,3 +165,12 @@ def test_cascade_in_bf16_training_takes_the_matmul_path_and_matches_the_dense_ma
     assert calls  # bf16 with gradients on a CPU: matrix products, not SDPA
     real = packed.input_ids != 0
     torch.testing.assert_close(cascade[real], dense[real], atol=5e-2, rtol=5e-2)
+
+
+def test_prefix_sharing_keeps_its_mask_while_training_attention_is_switched():
+    """Log-probs are computed inside the training forward's autocast: the switched kernel must still count
+    as one that takes prefix sharing's 4-D mask, or bf16-mixed would silently fall back to plain packing."""
+    model, _ = build_tiny(seed=0)
+    with training_autocast(model, CPU):
+        assert model.config._attn_implementation == MATMUL_ATTENTION
+        assert supports_custom_masks(model)

@@ -15,7 +15,8 @@ pass per sequence up to float rounding (tested), at ``P * (members - 1)`` fewer 
 
 Segments are packed several to a row (best-fit decreasing, rows capped as in
 :func:`tether.data.packing.row_capacity`); pads attend only to themselves. The mask needs an
-attention implementation that takes a custom 4-D mask (``sdpa`` or ``eager``); with another
+attention implementation that takes a custom 4-D mask (``sdpa``, ``eager`` or ``tether_matmul``, the
+one bf16-mixed training switches to on a CPU); with another
 (flash-attention's varlen kernels) :func:`supports_custom_masks` is False and callers fall back
 to plain packing.
 """
