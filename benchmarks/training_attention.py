@@ -1,11 +1,11 @@
-"""Forward + backward time of packed training rows under each attention kernel a CPU training forward can run.
+"""Forward (+ backward) time of packed training rows under each attention kernel a CPU forward can run.
 
 One batch of ``--sequences`` random sequences of ``--lengths lo-hi`` tokens, packed into rows of ``--row``
 tokens, goes through the model and back (``logits.log_softmax(-1).mean()``) with its attention set to
 ``sdpa`` (the fused kernel), ``eager`` (transformers: two matrix products and a float32 softmax) and
 ``tether_matmul`` (:func:`tether.models.attention.matmul_attention`: the softmax in the scores' precision),
-in float32 and under bfloat16 autocast. Runs alternate between kernels so background load hits all alike;
-the median and min of ``--repeats`` are printed.
+in float32 and under bfloat16 autocast, with gradients and without (a frozen pass). Runs alternate between
+kernels so background load hits all alike; the median and min of ``--repeats`` are printed.
 
     python benchmarks/training_attention.py [--model tiny|small] [--threads 2] [--repeats 5]
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import statistics
 import time
 
@@ -26,14 +27,16 @@ from tether.models.attention import MATMUL_ATTENTION
 KERNELS = ("sdpa", "eager", MATMUL_ATTENTION)
 
 
-def step_seconds(model: torch.nn.Module, inputs: dict, kernel: str, bf16: bool) -> float:
-    """One forward and backward with ``kernel``, in seconds."""
+def step_seconds(model: torch.nn.Module, inputs: dict, kernel: str, bf16: bool, backward: bool) -> float:
+    """One forward (and backward) with ``kernel``, in seconds."""
     model.config._attn_implementation = kernel
     model.zero_grad(set_to_none=True)
     started = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-        logits = model(**inputs).logits
-    logits.float().log_softmax(-1).mean().backward()
+    with torch.set_grad_enabled(backward):
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            logits = model(**inputs).logits
+        if backward:
+            logits.float().log_softmax(-1).mean().backward()
     return time.perf_counter() - started
 
 
@@ -53,15 +56,16 @@ def main(argv: list[str] | None = None) -> None:
     sequences = [torch.randint(3, len(tokenizer), (int(torch.randint(lo, hi + 1, (1,), generator=g)),),
                                generator=g).tolist() for _ in range(args.sequences)]
     inputs = pack_sequences(sequences, row_tokens=args.row, pad_token_id=tokenizer.pad_token_id).model_inputs()
-    for bf16 in (False, True):
+    for backward, bf16 in itertools.product((True, False), (False, True)):
         seconds: dict[str, list[float]] = {k: [] for k in KERNELS}
         for kernel in KERNELS:  # warm-up
-            step_seconds(model, inputs, kernel, bf16)
+            step_seconds(model, inputs, kernel, bf16, backward)
         for _ in range(args.repeats):
             for kernel in KERNELS:
-                seconds[kernel].append(step_seconds(model, inputs, kernel, bf16))
+                seconds[kernel].append(step_seconds(model, inputs, kernel, bf16, backward))
         for kernel, times in seconds.items():
-            print(f"{args.model} {'bf16-autocast' if bf16 else 'float32'} {kernel:14s} median "
+            print(f"{args.model} {'bf16-autocast' if bf16 else 'float32'} "
+                  f"{'forward+backward' if backward else 'forward'} {kernel:14s} median "
                   f"{statistics.median(times) * 1e3:8.1f} ms  min {min(times) * 1e3:8.1f} ms", flush=True)
 
 
