@@ -171,3 +171,34 @@ def test_wide_models_keep_their_tokens_when_rows_finish_or_are_refilled(tokenize
         assert engine.generate(prompts, greedy).completion_ids == generic.completion_ids
     if projection.packing_pays(model.lm_head.weight, model.config.hidden_size):
         assert {12, 9, 5} <= set(packed_for)  # the first batch, the batch after dropping rows, the refilled one
+
+
+def test_a_16_bit_model_on_a_cpu_attends_over_a_float32_cache():
+    """bfloat16 products copy a strided key / value window first on a CPU; the cache is float32 there."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert static_decoder.cache_dtype(torch.bfloat16, cpu) is torch.float32
+    assert static_decoder.cache_dtype(torch.float16, cpu) is torch.float32
+    assert static_decoder.cache_dtype(torch.float32, cpu) is torch.float32
+    assert static_decoder.cache_dtype(torch.bfloat16, cuda) is torch.bfloat16
+
+
+def test_bfloat16_decode_steps_match_a_full_forward(tokenizer):
+    """A bfloat16 model's static steps (float32 cache and attention) give the logits of one bfloat16 forward
+    to bfloat16 rounding, and are closer to the float32 model's than that forward is."""
+    model = _arch("llama-gqa")
+    reference = _arch("llama-gqa")  # the same seed: the float32 weights the bfloat16 model rounds
+    model = model.to(torch.bfloat16)
+    prompt = _prompts(tokenizer, 1)[0]
+    engine = HFEngine(model, tokenizer)
+    with torch.inference_mode():
+        _, cache, mask, position = engine._prefill([prompt], 5, 1)
+        decoder = static_decoder.StaticDecoder(model, cache, mask[:, : len(prompt)], 5)
+        assert decoder.keys.dtype is torch.float32 and decoder.values.dtype is torch.float32
+        tokens = [7, 9, 11]
+        steps = torch.stack([decoder.step(torch.tensor([t]), position[:, 0] + i)[0] for i, t in enumerate(tokens)])
+        ids = torch.tensor([prompt + tokens])
+        full = model(input_ids=ids).logits[0, len(prompt):].float()
+        exact = reference(input_ids=ids).logits[0, len(prompt):]
+    assert steps.dtype is torch.float32
+    assert (steps - full).abs().max() < 0.05 * full.abs().max()
+    assert (steps - exact).abs().mean() <= (full - exact).abs().mean() * 1.5

@@ -127,15 +127,27 @@ def _complex_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
-def _rotate(x: torch.Tensor, rotation: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def _rotate(x: torch.Tensor, rotation: torch.Tensor, out: torch.Tensor | None = None,
+            dtype: torch.dtype | None = None) -> torch.Tensor:
     """Rotary embedding of ``x`` (B, heads, D), pairs adjacent: ``x * rotation`` as complex numbers
-    (``rotation`` (B, 1, D / 2), complex64), written to ``out`` when given. Other than float32 / float64,
-    the multiply runs in float32 and the result is cast back."""
+    (``rotation`` (B, 1, D / 2), complex64), written to ``out`` when given, else returned in ``dtype``
+    (default ``x``'s). Other than float32 / float64, the multiply runs in float32."""
     if x.dtype in (torch.float32, torch.float64):
         rotated = torch.mul(_complex_pairs(x), rotation, out=None if out is None else _complex_pairs(out))
         return torch.view_as_real(rotated).flatten(-2) if out is None else out
     rotated = torch.view_as_real(_complex_pairs(x.float()) * rotation).flatten(-2)
-    return rotated.to(x.dtype) if out is None else out.copy_(rotated)
+    return rotated.to(dtype or x.dtype) if out is None else out.copy_(rotated)
+
+
+def cache_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of the decode KV cache and of attention over it: the model's, except float32 for a 16-bit
+    model on a CPU. There a bfloat16 ``baddbmm`` / ``bmm`` first copies a key or value window that is not
+    contiguous in memory (the filled columns of a larger buffer), and those copies made up about a third
+    of a bfloat16 decode step of the small model; float32 products read the strided window in place
+    (docs/performance.md: 0.45 against 1.5 ms per layer of the small model at batch 64)."""
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return dtype
 
 
 class StaticDecoder:
@@ -162,14 +174,15 @@ class StaticDecoder:
         first = cache.layers[0].keys
         columns = max(capacity or 0, width + steps)
         shape = (len(self.layers), batch, self.kv_heads, columns, self.head_dim)
-        self.keys = first.new_empty(shape)
-        self.values = first.new_empty(shape)
+        dtype = cache_dtype(first.dtype, first.device)
+        self.keys = torch.empty(shape, dtype=dtype, device=first.device)
+        self.values = torch.empty(shape, dtype=dtype, device=first.device)
         for i, layer in enumerate(cache.layers):
             self.keys[i, :, :, :width].copy_(layer.keys[..., self.order])
             self.values[i, :, :, :width].copy_(layer.values)
         self.length = width
-        bias = torch.zeros((batch, 1, 1, columns), dtype=first.dtype, device=first.device)
-        bias[:, 0, 0, :width].masked_fill_(mask == 0, torch.finfo(first.dtype).min)
+        bias = torch.zeros((batch, 1, 1, columns), dtype=dtype, device=first.device)
+        bias[:, 0, 0, :width].masked_fill_(mask == 0, torch.finfo(dtype).min)
         self.bias = bias
         self.start = width - mask.sum(-1).long()  # per row, the first column it attends to
         self.first = 0  # no row attends left of this column: attention reads from here on
@@ -261,7 +274,7 @@ class StaticDecoder:
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
             qkv = layer.qkv(x)
-            q = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q)
+            q = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q, dtype=self.keys.dtype)
             _rotate(qkv[:, q_size : q_size + kv_size].unflatten(-1, (self.kv_heads, self.head_dim)), rotation,
                     out=self.keys[i, :, :, t])
             self.values[i, :, :, t] = qkv[:, q_size + kv_size :].unflatten(-1, (self.kv_heads, self.head_dim))
@@ -269,7 +282,7 @@ class StaticDecoder:
             values = self.values[i, :, :, first : t + 1].flatten(0, 1)
             scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), keys.transpose(1, 2))
             attn = torch.bmm(scores.softmax(-1), values)  # (B * kv_heads, groups, D)
-            hidden = hidden + layer.o(attn.reshape(batch, q_size))
+            hidden = hidden + layer.o(attn.reshape(batch, q_size).to(hidden.dtype))
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             hidden = hidden + layer.down(F.silu(gate).mul_(up))
