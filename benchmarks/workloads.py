@@ -7,7 +7,8 @@ pass for DPO is included), the units of work done (tokens, pairs, completions) a
 reward) trajectory, one value per optimiser step.
 
 Both sides: the same weights (loaded from the same directory), the same records, the same batch
-size, sequence lengths, AdamW with the same learning rate, constant schedule, no warm-up, no
+size, sequence lengths, the fused AdamW kernel (each library's default: tether's ``optim.fused``,
+transformers' ``adamw_torch_fused`` with torch >= 2.8) with the same learning rate, constant schedule, no warm-up, no
 weight decay, clipping at 1.0, the same precision (float32, or bf16-mixed: tether's ``train.precision:
 bf16-mixed`` against TRL's ``bf16=True``, both bfloat16 autocast over float32 weights; generation in
 bfloat16 weights on both sides), the same thread count, no gradient checkpointing, no evaluation, no
@@ -192,7 +193,7 @@ def _trl_common(spec: Spec, scratch: Path, threads: int) -> dict[str, Any]:
     return dict(
         output_dir=str(scratch), max_steps=spec.steps, per_device_train_batch_size=spec.batch,
         gradient_accumulation_steps=1, learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", logging_steps=1, save_strategy="no",
+        weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch_fused", logging_steps=1, save_strategy="no",
         eval_strategy="no", report_to="none", use_cpu=True, bf16=spec.precision == "bf16-mixed", fp16=False,
         disable_tqdm=True,
         gradient_checkpointing=False, dataloader_num_workers=0, seed=0,
