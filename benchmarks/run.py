@@ -279,11 +279,23 @@ def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
         lines += ["", f"MFU, SFT on the small model, {mfu['precision']}: tether {mfu['tether_mfu']:.1%} "
                       f"({mfu['tether_gflops']:.1f} GFLOP/s), TRL {mfu['trl_mfu']:.1%} "
                       f"({mfu['trl_gflops']:.1f} GFLOP/s), against a {kind} matmul peak of "
-                      f"{mfu['matmul_peak_gflops']:.1f} GFLOP/s measured in the same run."]
+                      f"{mfu['matmul_peak_gflops']:.1f} GFLOP/s measured in the same run. At 100% of that peak "
+                      f"tether would be {1 / mfu['trl_mfu']:.2f}x TRL: the ceiling of this row's ratio."]
     return "\n".join(lines) + "\n"
 
 
 PREFIX_SHARING = {"true": True, "false": False, "auto": "auto", "cascade": "cascade"}
+
+
+def cpu_model() -> str:
+    """The processor's model name (figures from different CPUs are not comparable), else its architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or f"{platform.machine()} CPU"
 
 
 def commit() -> str | None:
@@ -357,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tether
 
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_model()}, {os.cpu_count()} cores",
             "threads": args.threads, "runs": args.runs, "precisions": args.precisions, "torch": torch.__version__, "trl": trl.__version__,
             "tether": tether.__version__, "commit": commit(), "prefix_sharing": args.prefix_sharing,
             "quick": args.quick, "seconds": time.perf_counter() - started}

@@ -109,3 +109,20 @@ def test_quick_benchmark_with_cascade_prefix_sharing(tmp_path):
     assert {r["workload"] for r in data["rows"]} == {"dpo", "grpo"}
     assert all(r["trajectory"]["ok"] for r in data["rows"]), data["rows"]
     assert "prefix sharing cascade" in out.with_suffix(".md").read_text()
+
+
+def test_markdown_names_the_cpu_and_the_ceiling_of_the_mfu_row():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(BENCH))
+    assert run.cpu_model().strip()  # a processor name, or the architecture where none can be read
+    meta = {"tether": "x", "trl": "y", "torch": "z", "machine": "Some CPU, 2 cores", "threads": 2,
+            "date": "2026-12-06", "runs": 5}
+    mfu = {"precision": "fp32", "tether_mfu": 0.5, "tether_gflops": 95.0, "trl_mfu": 0.4, "trl_gflops": 76.0,
+           "matmul_peak_gflops": 190.0}
+    text = run.markdown([], [mfu], meta)
+    assert "Some CPU, 2 cores" in text
+    assert "tether 50.0% (95.0 GFLOP/s), TRL 40.0%" in text
+    assert "tether would be 2.50x TRL" in text  # 1 / TRL's MFU: all of the step in matmuls at the peak
