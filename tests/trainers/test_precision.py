@@ -66,3 +66,48 @@ def test_bf16_mixed_grpo_raises_the_reward(tmp_path):
         rewards.append(float(trainer.training_step()["reward/total/mean"]))
         trainer.step += 1
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
+
+
+def grpo_trainer(tmp_path, precision, **rollout):
+    cfg = GRPOConfig(name="rl", data={"task": {"name": "arithmetic", "n": 16}},
+                     rollout={"group_size": 2, "max_new_tokens": 4, **rollout},
+                     train={"max_steps": 1, "batch_size": 4, "progress": False, "precision": precision},
+                     report_to=[])
+    model, tokenizer = build_tiny("tiny", seed=0)
+    return RLTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction])
+
+
+def test_bf16_mixed_samples_in_bfloat16_unless_the_engine_options_name_a_dtype(tmp_path):
+    bf16 = grpo_trainer(tmp_path / "bf16", "bf16-mixed").engine
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16  # a bfloat16 sampling copy ...
+    assert next(bf16.source.parameters()).dtype == torch.float32  # ... of the float32 policy
+    pinned = grpo_trainer(tmp_path / "pinned", "bf16-mixed", engine_options={"dtype": "float32"}).engine
+    assert pinned.model is pinned.source  # float32 named: the live policy samples, no copy
+    fp32 = grpo_trainer(tmp_path / "fp32", "fp32").engine
+    assert fp32.model is fp32.source
+
+
+def test_online_preference_samples_in_the_training_precision(tmp_path):
+    from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer
+
+    for precision, dtype in (("bf16-mixed", torch.bfloat16), ("fp32", torch.float32)):
+        cfg = OnlineDPOConfig(name="online", data={"task": {"name": "arithmetic", "n": 16}}, rounds=1,
+                              steps_per_round=1, prompts_per_round=4, rollout={"samples": 2, "max_new_tokens": 4},
+                              train={"batch_size": 4, "progress": False, "precision": precision}, report_to=[])
+        model, tokenizer = build_tiny("tiny", seed=0)
+        trainer = OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path / precision,
+                                          reward_functions=[digit_fraction])
+        assert next(trainer.engine.model.parameters()).dtype == dtype
+
+
+def test_ray_workers_get_the_sampling_dtype(monkeypatch):
+    import tether.rollout.ray_engine as ray_engine
+    from tether.rollout.engines import build_engine
+
+    built = {}
+    monkeypatch.setattr(ray_engine, "RayEngine", lambda factory, **kw: built.update(factory=factory, kw=kw))
+    model, tokenizer = build_tiny("tiny", seed=0)
+    build_engine("ray", model, tokenizer, batch_size=8, worker_model={"name_or_path": "tether/tiny"},
+                 options={"dtype": "bfloat16", "num_cpus": 1})
+    assert built["factory"].engine == {"batch_size": 8, "dtype": "bfloat16"}
+    assert built["kw"] == {"num_workers": 2, "source": model, "num_cpus": 1}

@@ -88,7 +88,15 @@ class LoopConfig(StrictModel):
                            "sharded DCP checkpoints; also in one process)")
     precision: Literal["fp32", "bf16-mixed"] = Field(
         "fp32", description="bf16-mixed: forward and backward autocast to bfloat16 (CPU and CUDA); weights, "
-                            "gradients, optimizer state and log-prob / loss reductions stay float32")
+                            "gradients, optimizer state and log-prob / loss reductions stay float32; the "
+                            "rollout engine then samples in bfloat16 unless its options name a dtype")
+
+    @property
+    def sampler_dtype(self) -> str | None:
+        """The dtype a training stage's rollout engine samples in unless its options name one: ``bfloat16``
+        under ``bf16-mixed``, whose matrix products run in bfloat16 (as a bf16 trainer's sampler does in TRL,
+        whose ``generate`` runs under the same autocast), else None (the model's own)."""
+        return "bfloat16" if self.precision == "bf16-mixed" else None
 
 
 class TaskSpec(StrictModel):

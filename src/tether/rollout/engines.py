@@ -22,7 +22,8 @@ def build_engine(kind: str, model: torch.nn.Module, tokenizer: Any, *, batch_siz
     ``hf``: :class:`HFEngine` on the model itself. ``vllm``: :class:`VLLMEngine.colocated` (``options``
     are ``vllm.LLM`` arguments, e.g. ``gpu_memory_utilization``). ``ray``: ``workers`` Ray actors, each
     loading ``worker_model`` (``load_model`` arguments: ``name_or_path``, ``seed``, ...) once, then taking
-    the live weights before every batch (``options``: ``num_cpus``, ``num_gpus``, ``address``, ``threads``).
+    the live weights before every batch (``options``: ``num_cpus``, ``num_gpus``, ``address``, ``threads``,
+    ``dtype``: the workers' sampling dtype).
     """
     options = dict(options or {})
     if kind == "hf":
@@ -39,7 +40,8 @@ def build_engine(kind: str, model: torch.nn.Module, tokenizer: Any, *, batch_siz
         spec = dict(worker_model or {})
         if "name_or_path" not in spec:
             raise ValueError("the ray engine needs worker_model['name_or_path'] to build each worker's model")
-        factory = HFWorker(spec.pop("name_or_path"), model=spec, engine={"batch_size": batch_size},
+        engine = {"batch_size": batch_size, **({"dtype": options.pop("dtype")} if "dtype" in options else {})}
+        factory = HFWorker(spec.pop("name_or_path"), model=spec, engine=engine,
                            threads=int(options.pop("threads", 1)))
         return RayEngine(factory, num_workers=workers, source=model, **options)
     raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINES)}")

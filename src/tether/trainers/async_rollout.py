@@ -80,9 +80,12 @@ class EngineSampler:
     @classmethod
     def of(cls, config: Any) -> EngineSampler:
         """The engine an RL stage's ``config`` names (``rollout.engine`` and its settings; Ray workers load
-        ``model``)."""
+        ``model``), sampling in ``train.sampler_dtype`` unless ``rollout.engine_options`` names a ``dtype``."""
         r = config.rollout
-        return cls(r.engine, r.engine_batch_size, r.workers, dict(r.engine_options),
+        options = dict(r.engine_options)
+        if config.train.sampler_dtype is not None:
+            options.setdefault("dtype", config.train.sampler_dtype)
+        return cls(r.engine, r.engine_batch_size, r.workers, options,
                    config.model.model_dump(exclude={"lora", "device"}))
 
     def build_engine(self, model: torch.nn.Module, tokenizer: Any) -> Any:

@@ -80,7 +80,8 @@ class OnlinePreferenceTrainer(Trainer):
         super().__init__(config, model, tokenizer, run_dir, stage=stage)
         cfg = self.config
         self.records, self.prompts, self.prompt_ids = training_prompts(cfg.data, records, tokenizer, self.stage)
-        self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
+        self.engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size,
+                             dtype=cfg.train.sampler_dtype)
         self.reward_functions, self.judge = reward_functions, judge
         self.scorer: Scorer | None = None
         self.audit = reward_composer(cfg.audit, defaults=cfg.reward_defaults()) if cfg.audit else None
