@@ -111,3 +111,69 @@ def test_ray_workers_get_the_sampling_dtype(monkeypatch):
                  options={"dtype": "bfloat16", "num_cpus": 1})
     assert built["factory"].engine == {"batch_size": 8, "dtype": "bfloat16"}
     assert built["kw"] == {"num_workers": 2, "source": model, "num_cpus": 1}
+
+
+def test_bf16_mixed_dpo_reference_pass_runs_in_bfloat16(tmp_path):
+    from tether.tasks.preferences import preference_records
+    from tether.trainers.preference import DPOConfig, PreferenceTrainer
+
+    pairs = preference_records(get_task("arithmetic", digits=2), 8, kind="style")
+    for precision, dtype in (("bf16-mixed", torch.bfloat16), ("fp32", torch.float32)):
+        cfg = DPOConfig(name="dpo", data={"task": {"n": 8}}, report_to=[],
+                        train={"max_steps": 1, "batch_size": 4, "progress": False, "precision": precision})
+        model, tokenizer = build_tiny("tiny", seed=0)
+        trainer = PreferenceTrainer(cfg, model, tokenizer, tmp_path / precision, records=pairs, eval_records=pairs)
+        seen, remove = no_grad_output_dtypes(model)
+        trainer.prepare_reference(use_cache=False)
+        remove()
+        assert seen == {dtype}  # the frozen pass runs in the training forward's precision
+        assert trainer.ref["train_chosen"].dtype == torch.float32  # its sums are float32 either way
+
+
+def no_grad_output_dtypes(model):
+    """The dtypes of every Linear output of ``model`` computed without gradients (the frozen passes), and a
+    function that removes the hooks."""
+    seen = set()
+    handles = [m.register_forward_hook(lambda mod, i, o: None if torch.is_grad_enabled() else seen.add(o.dtype))
+               for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return seen, lambda: [h.remove() for h in handles]
+
+
+def test_bf16_mixed_frozen_passes_run_in_bfloat16(tmp_path):
+    """The critic's frozen values (PPO), an online round's reference and mismatch passes, and a local teacher's
+    scores all run under the training forward's autocast."""
+    from tether.trainers.online_preference import OnlineDPOConfig, OnlinePreferenceTrainer
+    from tether.trainers.ppo import PPOConfig, PPOTrainer
+
+    train = {"max_steps": 1, "batch_size": 4, "progress": False, "precision": "bf16-mixed"}
+    model, tokenizer = build_tiny("tiny", seed=0)
+    ppo = PPOTrainer(PPOConfig(name="ppo", data={"task": {"name": "arithmetic", "n": 16}},
+                               rollout={"max_new_tokens": 4}, critic={"init": "policy"}, train=train, report_to=[]),
+                     model, tokenizer, tmp_path / "ppo", reward_functions=[digit_fraction])
+    seen, remove = no_grad_output_dtypes(ppo.model)
+    ppo.training_step()
+    remove()
+    assert seen == {torch.bfloat16}
+
+    model, tokenizer = build_tiny("tiny", seed=0)
+    online = OnlinePreferenceTrainer(
+        OnlineDPOConfig(name="online", data={"task": {"name": "arithmetic", "n": 16}}, rounds=1, steps_per_round=1,
+                        prompts_per_round=4, rollout={"samples": 2, "max_new_tokens": 4}, train=train, report_to=[]),
+        model, tokenizer, tmp_path / "online", reward_functions=[digit_fraction])
+    seen, remove = no_grad_output_dtypes(model)
+    online.fit()
+    remove()
+    assert seen == {torch.bfloat16}
+
+    teacher_dir = tmp_path / "teacher"
+    build_tiny("tiny", seed=7)[0].save_pretrained(teacher_dir)
+    tokenizer.save_pretrained(teacher_dir)
+    model, tokenizer = build_tiny("tiny", seed=0)
+    opd = RLTrainer(GRPOConfig(name="opd", data={"task": {"name": "arithmetic", "n": 16}}, rewards=[],
+                               rollout={"group_size": 2, "max_new_tokens": 4}, kl={"coef": 0.0}, train=train,
+                               report_to=[], distill={"teacher": {"path": str(teacher_dir)}}),
+                    model, tokenizer, tmp_path / "opd")
+    seen, remove = no_grad_output_dtypes(opd.distillation.teacher.model)
+    opd.training_step()
+    remove()
+    assert seen == {torch.bfloat16}

@@ -66,6 +66,7 @@ class CriticSteps:
     model: torch.nn.Module
     tokenizer: Any
     micro_batches: Any  # RLTrainer's: rows -> the micro-batches of a forward pass
+    autocast: Any  # the Trainer's: the training forward's precision context
 
     def values(self, rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
         """V(s_t) of the given samples' completion tokens, shape (len(rows), longest completion of the rollout).
@@ -80,7 +81,8 @@ class CriticSteps:
     @torch.no_grad()
     def frozen_values(self, rollout: Rollout) -> torch.Tensor:
         self.model.eval()
-        return torch.cat([self.values(rollout, rows) for rows in self.micro_batches(torch.arange(len(rollout)))])
+        with self.autocast():
+            return torch.cat([self.values(rollout, rows) for rows in self.micro_batches(torch.arange(len(rollout)))])
 
     def value_loss(self, batch: Any, rows: torch.Tensor, denominators: dict[str, float]
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -204,8 +204,9 @@ class DistillationSteps:
         student = behaviour if behaviour is not None else batch.old_logprobs
         if student is None and not self.distillation.whole:
             student = self.frozen_logprobs(rollout, reference=False)
-        batch.distill_advantages, figures = self.distillation.advantages(batch.teacher_prompts, rollout.completion_ids,
-                                                                         student, batch.mask)
+        with self.autocast():  # the teacher's pass, in the training forward's precision
+            batch.distill_advantages, figures = self.distillation.advantages(
+                batch.teacher_prompts, rollout.completion_ids, student, batch.mask)
         batch.metrics.update(figures)
 
     def with_distillation(self, batch: Any, out: Any) -> Any:

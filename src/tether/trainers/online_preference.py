@@ -192,9 +192,11 @@ class OnlinePreferenceTrainer(Trainer):
         part = rollout.select(range(n))
         padded = part.to_padded(self.tokenizer.pad_token_id, self.device)
         self.model.eval()
-        trainer, _ = completion_logprobs(self.model, part.prompt_ids, part.completion_ids,
-                                         temperature=self.config.rollout.temperature or 1.0,
-                                         row_tokens=self.config.pack_length, pad_token_id=self.tokenizer.pad_token_id)
+        with self.autocast():
+            trainer, _ = completion_logprobs(self.model, part.prompt_ids, part.completion_ids,
+                                             temperature=self.config.rollout.temperature or 1.0,
+                                             row_tokens=self.config.pack_length,
+                                             pad_token_id=self.tokenizer.pad_token_id)
         sampler = padded["logprobs"].masked_fill(padded["completion_mask"] == 0, float("nan"))
         trainer = torch.nn.functional.pad(trainer, (0, sampler.shape[1] - trainer.shape[1]))
         figures = mismatch_metrics(trainer, sampler, padded["completion_mask"].float())
@@ -254,7 +256,7 @@ class OnlinePreferenceTrainer(Trainer):
         was_training = self.model.training
         model.eval()
         out: dict[str, list[torch.Tensor]] = {"chosen": [], "rejected": []}
-        with context:
+        with context, self.autocast():
             for chunk in chunks(self.pairs, 2 * self.config.train.batch_size):
                 inputs = self._inputs(model, chunk, None, None, wpo=False)
                 out["chosen"].append(inputs.chosen_logps.cpu())

@@ -226,9 +226,11 @@ class PreferenceTrainer(Trainer):
         losses, per assistant turn), in chunks laid out as in training (a pair's common prefix shared)."""
         self.model.eval()
         data = self.config.data
-        return pair_reference_logprobs(self.model, pairs, batch_size=self.config.train.batch_size, turns=self.turns,
-                                       row_tokens=data.pack_length, pad_token_id=self.tokenizer.pad_token_id,
-                                       packing=data.packing, prefix_sharing=data.prefix_sharing)
+        with self.autocast():  # the training forward's precision: a policy equal to the reference scores 0
+            return pair_reference_logprobs(self.model, pairs, batch_size=self.config.train.batch_size,
+                                           turns=self.turns, row_tokens=data.pack_length,
+                                           pad_token_id=self.tokenizer.pad_token_id, packing=data.packing,
+                                           prefix_sharing=data.prefix_sharing)
 
     def prepare_reference(self, *, use_cache: bool) -> None:
         """Reference log-probs of every training and held-out sequence, from the initial weights.
