@@ -113,6 +113,15 @@ def test_ray_workers_get_the_sampling_dtype(monkeypatch):
     assert built["kw"] == {"num_workers": 2, "source": model, "num_cpus": 1}
 
 
+def no_grad_output_dtypes(model):
+    """The dtypes of every Linear output of ``model`` computed without gradients (the frozen passes), and a
+    function that removes the hooks."""
+    seen = set()
+    handles = [m.register_forward_hook(lambda mod, i, o: None if torch.is_grad_enabled() else seen.add(o.dtype))
+               for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return seen, lambda: [h.remove() for h in handles]
+
+
 def test_bf16_mixed_dpo_reference_pass_runs_in_bfloat16(tmp_path):
     from tether.tasks.preferences import preference_records
     from tether.trainers.preference import DPOConfig, PreferenceTrainer
@@ -128,15 +137,6 @@ def test_bf16_mixed_dpo_reference_pass_runs_in_bfloat16(tmp_path):
         remove()
         assert seen == {dtype}  # the frozen pass runs in the training forward's precision
         assert trainer.ref["train_chosen"].dtype == torch.float32  # its sums are float32 either way
-
-
-def no_grad_output_dtypes(model):
-    """The dtypes of every Linear output of ``model`` computed without gradients (the frozen passes), and a
-    function that removes the hooks."""
-    seen = set()
-    handles = [m.register_forward_hook(lambda mod, i, o: None if torch.is_grad_enabled() else seen.add(o.dtype))
-               for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return seen, lambda: [h.remove() for h in handles]
 
 
 def test_bf16_mixed_frozen_passes_run_in_bfloat16(tmp_path):

@@ -40,7 +40,9 @@ def build_engine(kind: str, model: torch.nn.Module, tokenizer: Any, *, batch_siz
         spec = dict(worker_model or {})
         if "name_or_path" not in spec:
             raise ValueError("the ray engine needs worker_model['name_or_path'] to build each worker's model")
-        engine = {"batch_size": batch_size, **({"dtype": options.pop("dtype")} if "dtype" in options else {})}
+        engine = {"batch_size": batch_size}
+        if "dtype" in options:
+            engine["dtype"] = options.pop("dtype")
         factory = HFWorker(spec.pop("name_or_path"), model=spec, engine=engine,
                            threads=int(options.pop("threads", 1)))
         return RayEngine(factory, num_workers=workers, source=model, **options)

@@ -168,8 +168,9 @@ class HFEngine:
         if dtype is not None:
             if dtype not in ("bfloat16", "float16", "float32"):
                 raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
-            if getattr(torch, dtype) != next(model.parameters()).dtype:  # else the live model samples
-                model = copy.deepcopy(model).to(getattr(torch, dtype))
+            target = getattr(torch, dtype)
+            if target != next(model.parameters()).dtype:  # else the live model samples
+                model = copy.deepcopy(model).to(target)
                 model.requires_grad_(False)
         self.model = model
         self.tokenizer = tokenizer
