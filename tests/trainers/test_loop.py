@@ -205,7 +205,7 @@ def test_a_full_disk_fails_before_training(tmp_path, monkeypatch):
 
 def test_optim_fused_takes_the_fused_adamw_kernel_with_the_same_updates():
     from tether.config import OptimConfig
-    from tether.trainers.loop import build_optimizer
+    from tether.trainers.optimization import build_optimizer
 
     results = {}
     for fused in (False, True):
@@ -224,7 +224,7 @@ def test_optim_fused_takes_the_fused_adamw_kernel_with_the_same_updates():
 
 def test_optim_fused_falls_back_where_the_kernel_does_not_apply():
     from tether.config import OptimConfig
-    from tether.trainers.loop import build_optimizer
+    from tether.trainers.optimization import build_optimizer
 
     meta, _ = build_tiny("tiny", seed=0)
     meta.to("meta")  # no fused kernel on this device: the multi-tensor AdamW instead

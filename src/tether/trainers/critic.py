@@ -78,10 +78,8 @@ class CriticSteps:
                                    pad_token_id=self.tokenizer.pad_token_id)
         return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
-    @torch.no_grad()
     def frozen_values(self, rollout: Rollout) -> torch.Tensor:
-        self.model.eval()
-        with self.autocast():
+        with self.frozen_pass():
             return torch.cat([self.values(rollout, rows) for rows in self.micro_batches(torch.arange(len(rollout)))])
 
     def value_loss(self, batch: Any, rows: torch.Tensor, denominators: dict[str, float]

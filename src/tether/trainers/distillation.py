@@ -204,7 +204,7 @@ class DistillationSteps:
         student = behaviour if behaviour is not None else batch.old_logprobs
         if student is None and not self.distillation.whole:
             student = self.frozen_logprobs(rollout, reference=False)
-        with self.autocast():  # the teacher's pass, in the training forward's precision
+        with self.frozen_pass():  # the teacher's scores
             batch.distill_advantages, figures = self.distillation.advantages(
                 batch.teacher_prompts, rollout.completion_ids, student, batch.mask)
         batch.metrics.update(figures)

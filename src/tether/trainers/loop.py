@@ -33,14 +33,8 @@ from typing import Any
 import torch
 from rich import get_console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from transformers import (
-    get_constant_schedule_with_warmup,
-    get_cosine_with_min_lr_schedule_with_warmup,
-    get_linear_schedule_with_warmup,
-)
 
-from tether.config.base import ConfigError
-from tether.config.common import OptimConfig, StageConfig
+from tether.config.common import StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
 from tether.models.attention import training_autocast
@@ -49,6 +43,7 @@ from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
 from tether.trainers.metrics import MetricsLogger, PlainProgress, to_float
+from tether.trainers.optimization import build_optimizer, build_scheduler, clip_gradients
 
 log = logging.getLogger(__name__)
 BEFORE_OUTCOMES = "eval_before.json"  # per-problem outcomes of the eval.before evaluation, in the stage directory
@@ -106,51 +101,6 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
     """About the size of one checkpoint: the weights and AdamW's two float32 moments per trainable value."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return weights + sum(8 * p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """The total gradient norm, clipping to ``max_norm`` only when it is finite, so that a non-finite
-    gradient stays as it was for the diagnostic (the step is skipped anyway)."""
-    utils = torch.nn.utils
-    if not hasattr(utils, "clip_grads_with_norm_"):  # torch < 2.6
-        return to_float(utils.clip_grad_norm_(params, max_norm))
-    total = utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    norm = to_float(total)
-    if math.isfinite(norm):
-        utils.clip_grads_with_norm_(params, max_norm, total)
-    return norm
-
-
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *,
-                    parts: list[tuple[Iterable[torch.nn.Parameter], float]] | None = None) -> torch.optim.Optimizer:
-    """AdamW, weight decay on matrices only. ``parts``: (parameters, learning rate) pairs giving parts
-    of the model their own rate (PPO's critic); default the whole model at ``cfg.lr``."""
-    groups = []
-    for part, lr in parts or [(model.parameters(), cfg.lr)]:
-        params = [p for p in part if p.requires_grad]
-        groups += [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay, "lr": lr},
-                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr}]
-    if not any(g["params"] for g in groups):
-        raise ConfigError("the model has no trainable parameters")
-    fused = cfg.fused and all(_fusable(p) for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **{"fused" if fused else "foreach": True})
-
-
-def _fusable(param: torch.nn.Parameter) -> bool:
-    """Whether the fused AdamW kernel takes ``param``: a plain (not sharded) floating tensor on CPU or
-    CUDA (``optim.fused``; elsewhere the multi-tensor AdamW runs instead)."""
-    return (type(param.data) is torch.Tensor and param.is_floating_point()
-            and param.device.type in ("cpu", "cuda"))
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
-    warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
-    if cfg.schedule == "cosine":
-        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, total_steps,
-                                                           min_lr_rate=cfg.min_lr_ratio)
-    if cfg.schedule == "linear":
-        return get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-    return get_constant_schedule_with_warmup(optimizer, warmup)
 
 
 class Trainer:
@@ -248,6 +198,23 @@ class Trainer:
         if self.config.train.precision != "bf16-mixed":
             return contextlib.nullcontext()
         return training_autocast(self.model, self.device)
+
+    @contextlib.contextmanager
+    def frozen_pass(self, *switches: contextlib.AbstractContextManager) -> Iterator[None]:
+        """A forward pass that trains nothing (reference, old-policy, critic-value or teacher scores): the policy
+        in eval mode, no gradients, ``switches`` entered (an adapter turned off), and the training forward's
+        precision (:meth:`autocast`), so that a policy equal to its reference scores exactly 0 under
+        ``bf16-mixed`` too. The policy's train / eval mode is restored afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), contextlib.ExitStack() as stack:
+                for switch in switches:
+                    stack.enter_context(switch)
+                stack.enter_context(self.autocast())
+                yield
+        finally:
+            self.model.train(was_training)
 
     def global_count(self, local: float | torch.Tensor) -> float:
         """A count summed over ranks, scaled for DDP's gradient averaging, for use as a loss denominator."""

@@ -191,8 +191,7 @@ class OnlinePreferenceTrainer(Trainer):
             return {}
         part = rollout.select(range(n))
         padded = part.to_padded(self.tokenizer.pad_token_id, self.device)
-        self.model.eval()
-        with self.autocast():
+        with self.frozen_pass():
             trainer, _ = completion_logprobs(self.model, part.prompt_ids, part.completion_ids,
                                              temperature=self.config.rollout.temperature or 1.0,
                                              row_tokens=self.config.pack_length,
@@ -253,15 +252,12 @@ class OnlinePreferenceTrainer(Trainer):
             model = self.ref_model if self.ref_model is not None else self.model
             if self.ref_model is None:
                 context = self.model.disable_adapter()
-        was_training = self.model.training
-        model.eval()
         out: dict[str, list[torch.Tensor]] = {"chosen": [], "rejected": []}
-        with context, self.autocast():
+        with self.frozen_pass(context):
             for chunk in chunks(self.pairs, 2 * self.config.train.batch_size):
                 inputs = self._inputs(model, chunk, None, None, wpo=False)
                 out["chosen"].append(inputs.chosen_logps.cpu())
                 out["rejected"].append(inputs.rejected_logps.cpu())
-        self.model.train(was_training)
         ref = {k: torch.cat(v) for k, v in out.items()}
         if self.dist.is_main:
             torch_save_atomic(path, ref)

@@ -206,12 +206,10 @@ class PreferenceTrainer(Trainer):
         return example_logprobs(self.model, examples, row_tokens=data.pack_length,
                                     pad_token_id=self.tokenizer.pad_token_id, packing=data.packing)
 
-    @torch.no_grad()
     def summed_logprobs(self, examples: Sequence[TokenizedExample]) -> torch.Tensor:
         """Summed completion log-probs under the current weights, without gradients, in chunks."""
-        self.model.eval()
         size = 2 * self.config.train.batch_size
-        with self.autocast():
+        with self.frozen_pass():
             out = [sequence_logprobs(*self.example_logprobs(chunk), average=False)
                    for chunk in chunks(list(examples), size)]
         return torch.cat(out).cpu() if out else torch.zeros(0)
@@ -224,9 +222,8 @@ class PreferenceTrainer(Trainer):
     def pair_reference(self, pairs: Sequence[PairExample]) -> dict[str, torch.Tensor]:
         """Summed completion log-probs of chosen and of rejected under the current weights (and, for turn-level
         losses, per assistant turn), in chunks laid out as in training (a pair's common prefix shared)."""
-        self.model.eval()
         data = self.config.data
-        with self.autocast():  # the training forward's precision: a policy equal to the reference scores 0
+        with self.frozen_pass():
             return pair_reference_logprobs(self.model, pairs, batch_size=self.config.train.batch_size,
                                            turns=self.turns, row_tokens=data.pack_length,
                                            pad_token_id=self.tokenizer.pad_token_id, packing=data.packing,

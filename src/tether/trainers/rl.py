@@ -367,10 +367,8 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
             entropy = torch.nn.functional.pad(entropy, (0, pad)) if entropy is not None else None
         return logps, entropy
 
-    @torch.no_grad()
     def frozen_logprobs(self, rollout: Rollout, *, reference: bool) -> torch.Tensor:
         """Old-policy or reference log-probs for the whole rollout, in micro-batches."""
-        self.model.eval()
         context = nullcontext()
         model = self.model
         if reference:
@@ -378,7 +376,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
                 model = self.ref_model
             else:
                 context = self.model.disable_adapter()
-        with context, self.autocast():
+        with self.frozen_pass(context):
             return torch.cat([self.policy_logprobs(model, rollout, rows)[0]
                               for rows in self.micro_batches(torch.arange(len(rollout)))])
 
