@@ -122,6 +122,27 @@ def no_grad_output_dtypes(model):
     return seen, lambda: [h.remove() for h in handles]
 
 
+def test_frozen_pass_trains_nothing_in_the_training_precision_and_restores_the_mode(tmp_path):
+    trainer = sft(tmp_path, "bf16-mixed", 1)
+    model, entered = trainer.model, []
+    model.train()
+    switch = torch.autocast("cpu", enabled=False)  # a switch is entered before the training autocast
+    with trainer.frozen_pass(switch):
+        entered.append((model.training, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+        out = model(torch.tensor([[1, 2, 3]])).logits
+    assert entered == [(False, False, True)] and out.dtype == torch.bfloat16 and out.grad_fn is None
+    assert model.training and torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    model.eval()
+    try:
+        with trainer.frozen_pass():
+            raise RuntimeError("inside")
+    except RuntimeError:
+        pass
+    assert not model.training  # the mode it had, also after an error
+    with sft(tmp_path, "fp32", 1).frozen_pass():
+        assert not torch.is_autocast_enabled("cpu") and not torch.is_grad_enabled()
+
+
 def test_bf16_mixed_dpo_reference_pass_runs_in_bfloat16(tmp_path):
     from tether.tasks.preferences import preference_records
     from tether.trainers.preference import DPOConfig, PreferenceTrainer
