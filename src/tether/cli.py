@@ -92,6 +92,18 @@ def _training_errors() -> tuple[type[Exception], ...]:
     return DataError, FileNotFoundError, ModelLoadError, CheckpointError, NonFiniteError
 
 
+def _end_run(err: BaseException, run_dir: Path | None) -> None:
+    """A run that cannot go on, in one line and an exit code: a bad config, data or checkpoint (2), a full
+    disk (2, anything else from the OS re-raised), a stop signal (128 + its number, with how to resume)."""
+    if isinstance(err, (ConfigError, *_training_errors())):
+        _fail(str(err))
+    elif isinstance(err, KeyboardInterrupt):
+        _stopped(err, run_dir)
+    elif isinstance(err, OSError):
+        _disk_full(err, run_dir)
+    raise err
+
+
 def _default_out(name: str) -> Path:
     return Path("runs") / f"{Path(name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -189,14 +201,8 @@ def run_cmd(
             return
         console.print(f"[bold]tether run[/] {data.get('name', recipe)} -> {run_dir}")
         results = run_recipe(data, run_dir, resume=resume)
-    except (ConfigError, *_training_errors()) as err:
-        _fail(str(err))
-        return
-    except OSError as err:
-        _disk_full(err, run_dir)
-        return
-    except KeyboardInterrupt as err:
-        _stopped(err, run_dir)
+    except (ConfigError, OSError, KeyboardInterrupt, *_training_errors()) as err:
+        _end_run(err, run_dir)
         return
     print_results(results)
     console.print(f"done in {time.perf_counter() - start:.0f}s; results in {run_dir / 'results.json'}")
@@ -252,14 +258,8 @@ def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None
             apply_override(data, key if data["name"] in data else key.removeprefix(f"{data['name']}."), value)
         run_dir = out or _default_out(f"{stage_type}")
         results = run_recipe({"name": stage_type, "stages": [data]}, run_dir, resume=resume)
-    except (ConfigError, *_training_errors()) as err:
-        _fail(str(err))
-        return
-    except OSError as err:
-        _disk_full(err, run_dir)
-        return
-    except KeyboardInterrupt as err:
-        _stopped(err, run_dir)
+    except (ConfigError, OSError, KeyboardInterrupt, *_training_errors()) as err:
+        _end_run(err, run_dir)
         return
     print_results(results)
     console.print(f"model in {run_dir / data['name']}")

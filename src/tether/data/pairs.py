@@ -86,6 +86,20 @@ def load_pair_records(source: Any, format: str | None = None, *, split: str = "t
     return records, counts
 
 
+def pair_data_stats(stage: str, counts: dict[str, int], stats: dict[str, int], examples: int) -> dict[str, int]:
+    """A pair-data stage's ``dropped_*`` counts (loading's ``counts`` plus tokenisation's ``stats``: identical,
+    empty, overflow and per-step drops) and its ``skipped`` bad rows (``data.on_error: skip``); a
+    :class:`DataError` when no training example (of ``examples``) is left."""
+    keys = ("identical", "empty", "overflow", *(k for k in counts if k.startswith("step_")))
+    data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0) for k in keys}
+    if counts.get("skipped"):
+        data_stats["skipped"] = counts["skipped"]
+    if not examples:
+        raise DataError(f"stage {stage!r}: no training examples left ({data_stats}); check data.max_length and "
+                        "data.overflow")
+    return data_stats
+
+
 def _held_out(records: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
     if not fraction:
         return records, []

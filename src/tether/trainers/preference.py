@@ -46,6 +46,7 @@ from tether.data.pairs import (
     UnpairedExample,
     is_paired,
     pair_data,
+    pair_data_stats,
     tokenize_pairs,
     tokenize_unpaired,
 )
@@ -107,13 +108,7 @@ class PreferenceTrainer(Trainer):
             else:
                 raise DataError(f"stage {self.stage!r}: held-out records are unpaired but loss {cfg.loss!r} "
                                 "is evaluated on preference pairs")
-        self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0)
-                           for k in ("identical", "empty", "overflow", *(k for k in counts if k.startswith("step_")))}
-        if counts.get("skipped"):  # bad rows left out under data.on_error: skip
-            self.data_stats["skipped"] = counts["skipped"]
-        if not self.examples:
-            raise DataError(f"stage {self.stage!r}: no training examples left ({self.data_stats}); check "
-                            "data.max_length and data.overflow")
+        self.data_stats = pair_data_stats(self.stage, counts, stats, len(self.examples))
         self.schedule = BatchSchedule(len(self.examples), batch_size=cfg.train.batch_size,
                                       grad_accum=cfg.train.grad_accum, seed=cfg.train.seed, rank=self.dist.rank,
                                       world_size=self.dist.world_size, reshuffle=not cfg.unpaired)

@@ -44,12 +44,12 @@ from tether.data.pairs import (
     RankingExample,
     StepExample,
     pair_data,
+    pair_data_stats,
     tokenize_pairs,
     tokenize_rankings,
     tokenize_stepwise,
 )
 from tether.data.schedule import BatchSchedule, chunks
-from tether.data.schemas import DataError
 from tether.evaluation import with_intervals
 from tether.models.reward_model import score_positions, set_reward_info
 from tether.trainers.loop import Trainer
@@ -75,12 +75,7 @@ class RewardModelTrainer(Trainer):
             eval_records = default_eval if eval_records is None else eval_records
         self.examples, stats = self._tokenize(records)
         self.eval_examples, _ = self._tokenize(eval_records or [])
-        self.data_stats = {f"dropped_{k}": counts.get(k, 0) + stats.get(k, 0) for k in ("identical", "empty", "overflow")}
-        if counts.get("skipped"):  # bad rows left out under data.on_error: skip
-            self.data_stats["skipped"] = counts["skipped"]
-        if not self.examples:
-            raise DataError(f"stage {self.stage!r}: no training examples left ({self.data_stats}); check "
-                            "data.max_length and data.overflow")
+        self.data_stats = pair_data_stats(self.stage, counts, stats, len(self.examples))
         self.schedule = BatchSchedule(len(self.examples), batch_size=cfg.train.batch_size,
                                       grad_accum=cfg.train.grad_accum, seed=cfg.train.seed, rank=self.dist.rank,
                                       world_size=self.dist.world_size)
