@@ -1,6 +1,7 @@
 """The attention kernel of a bf16-mixed training forward: matrix products with a softmax in bfloat16
-(``tether_matmul``) on a CPU while gradients are taken, SDPA otherwise; the same values either way, and the
-model's own setting restored."""
+(``tether_matmul``) on a CPU inside the training autocast (with or without gradients, so a frozen pass
+computes what the training forward computes), SDPA otherwise; the same values to bfloat16 rounding either
+way, and the model's own setting restored."""
 
 import pytest
 import torch
@@ -20,11 +21,14 @@ from tether.models.cascade_attention import cascade_forward
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_matmul_attention_pays_only_on_a_cpu_in_16_bits_with_gradients():
+def test_matmul_attention_pays_only_on_a_cpu_in_16_bits_with_gradients_or_in_the_training_forward():
     assert matmul_attention_pays(CPU, torch.bfloat16) and matmul_attention_pays(CPU, torch.float16)
     assert not matmul_attention_pays(CPU, torch.float32)
     assert not matmul_attention_pays(CUDA, torch.bfloat16)
     with torch.no_grad():
+        assert not matmul_attention_pays(CPU, torch.bfloat16)  # a bfloat16 model decoding: SDPA
+        with training_autocast(build_tiny(seed=0)[0], CPU):
+            assert matmul_attention_pays(CPU, torch.bfloat16)  # a frozen pass: the training forward's kernel
         assert not matmul_attention_pays(CPU, torch.bfloat16)
 
 
@@ -37,7 +41,7 @@ def test_training_autocast_runs_matmul_attention_while_gradients_are_taken_and_r
     model, _ = build_tiny(seed=0)
     assert model.config._attn_implementation == "sdpa"
     assert attention_inside(model) == MATMUL_ATTENTION
-    assert attention_inside(model, enabled=False) == "sdpa"  # frozen passes: SDPA's forward is faster
+    assert attention_inside(model, enabled=False) == MATMUL_ATTENTION  # frozen passes: the same kernel
     assert model.config._attn_implementation == "sdpa"
 
     class Wrapped(torch.nn.Module):  # DistributedDataParallel's layout: the model in .module
@@ -48,6 +52,17 @@ def test_training_autocast_runs_matmul_attention_while_gradients_are_taken_and_r
     assert attention_inside(Wrapped(model)) == MATMUL_ATTENTION
     model.config._attn_implementation = "flash_attention_2"  # a user's choice is left alone
     assert attention_inside(model) == "flash_attention_2"
+
+
+def test_a_frozen_pass_in_the_training_autocast_gives_the_training_forward_s_logits_bit_for_bit():
+    model, _ = build_tiny(seed=0)
+    ids = torch.randint(3, 60, (4, 24), generator=torch.Generator().manual_seed(0))
+
+    def logits(grad: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(grad), training_autocast(model, CPU):
+            return model(ids).logits.detach()
+
+    assert torch.equal(logits(False), logits(True))
 
 
 def test_matmul_attention_under_autocast_gives_sdpa_s_logits_and_gradients_to_bfloat16_rounding():

@@ -2,7 +2,9 @@
 state; the loss it gives agrees with float32 to bfloat16 rounding, and training still learns."""
 
 import json
+import math
 
+import pytest
 import torch
 
 from tether.config.rl import GRPOConfig
@@ -158,6 +160,25 @@ def test_bf16_mixed_dpo_reference_pass_runs_in_bfloat16(tmp_path):
         remove()
         assert seen == {dtype}  # the frozen pass runs in the training forward's precision
         assert trainer.ref["train_chosen"].dtype == torch.float32  # its sums are float32 either way
+
+
+def test_bf16_mixed_dpo_scores_a_policy_equal_to_its_reference_zero(tmp_path):
+    """The reference pass runs the training forward's kernels, so at the first step (policy = reference) the
+    implicit rewards are 0 and the loss log 2 up to float32 summation order (4e-7 here), as in float32; with
+    SDPA in the reference pass and matrix products in training they were 2e-5 to 2e-4 apart."""
+    from tether.tasks.preferences import preference_records
+    from tether.trainers.preference import DPOConfig, PreferenceTrainer
+
+    pairs = preference_records(get_task("arithmetic", digits=2), 16, kind="style")
+    for precision in ("bf16-mixed", "fp32"):
+        cfg = DPOConfig(name="dpo", data={"task": {"n": 16}}, report_to=[],
+                        train={"max_steps": 1, "batch_size": 8, "progress": False, "precision": precision})
+        model, tokenizer = build_tiny("tiny", seed=0)
+        trainer = PreferenceTrainer(cfg, model, tokenizer, tmp_path / precision, records=pairs, eval_records=pairs)
+        trainer.prepare_reference(use_cache=False)
+        metrics = trainer.training_step()
+        assert abs(metrics["rewards/chosen"]) < 2e-6 and abs(metrics["rewards/rejected"]) < 2e-6, precision
+        assert metrics["loss"] == pytest.approx(math.log(2), abs=1e-6)
 
 
 def test_bf16_mixed_frozen_passes_run_in_bfloat16(tmp_path):

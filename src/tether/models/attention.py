@@ -7,8 +7,12 @@ backward, while attention as two matrix products and a softmax is the other way 
 2-core development CPU (2026-12-04; one forward and backward of 32 packed sequences of 30-90 tokens, median
 of 5): transformers' ``eager`` 96 against 138 ms on the tiny model, 680 against 848 ms on the small one;
 forward alone ``sdpa`` is faster (28 against 46 ms, 207 against 249). So :func:`training_autocast`
-switches an ``sdpa`` model to :func:`matmul_attention` only on a CPU, in bfloat16, while gradients are
-taken, and :func:`matmul_attention_pays` gives cascade attention the same rule. In float32 and on GPUs
+switches an ``sdpa`` model to :func:`matmul_attention` on a CPU in bfloat16, and :func:`matmul_attention_pays`
+gives cascade attention the same rule. Inside :func:`training_autocast` that holds without gradients too: the
+frozen passes (reference, old-policy, critic values) must run the training forward's kernels, or a policy
+equal to its reference does not score exactly 0 (bfloat16 SDPA and matrix products round differently: up to
+9e-3 nats per token on the small model, and DPO's first-step rewards came out nonzero). Outside it (a
+bfloat16 model decoding or evaluating) a forward without gradients keeps SDPA. In float32 and on GPUs
 nothing changes.
 
 :func:`matmul_attention` differs from ``eager`` in one way: its softmax runs in the scores' precision.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -32,6 +37,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 MATMUL_ATTENTION = "tether_matmul"
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+_TRAINING_FORWARD: ContextVar[bool] = ContextVar("tether_training_forward", default=False)
 
 
 @contextmanager
@@ -82,20 +88,25 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(MATMUL_ATTENTION, eager_mask)  # a full ad
 
 
 def matmul_attention_pays(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether attention as matrix products beats the fused SDPA kernel here: on a CPU, in 16-bit
-    precision, with gradients enabled (see the module docstring for the measurement)."""
-    return device.type == "cpu" and dtype in LOW_PRECISION and torch.is_grad_enabled()
+    """Whether a forward runs attention as matrix products rather than the fused SDPA kernel: on a CPU, in
+    16-bit precision, with gradients enabled or inside :func:`training_autocast` (a frozen pass runs the
+    training forward's kernels; see the module docstring for the measurement)."""
+    return device.type == "cpu" and dtype in LOW_PRECISION and (torch.is_grad_enabled() or _TRAINING_FORWARD.get())
 
 
 @contextmanager
 def training_autocast(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
-    """bfloat16 autocast on ``device``; on a CPU with gradients enabled, an ``sdpa`` model runs
-    :func:`matmul_attention`."""
+    """bfloat16 autocast on ``device``; on a CPU an ``sdpa`` model runs :func:`matmul_attention`, with or
+    without gradients, so that a frozen pass computes what the training forward computes."""
     inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
     config = getattr(inner, "config", None)
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-        if matmul_attention_pays(device, torch.bfloat16) and getattr(config, "_attn_implementation", None) == "sdpa":
-            with attention_implementation(inner, MATMUL_ATTENTION):
+    token = _TRAINING_FORWARD.set(True)
+    try:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            if matmul_attention_pays(device, torch.bfloat16) and getattr(config, "_attn_implementation", None) == "sdpa":
+                with attention_implementation(inner, MATMUL_ATTENTION):
+                    yield
+            else:
                 yield
-        else:
-            yield
+    finally:
+        _TRAINING_FORWARD.reset(token)
