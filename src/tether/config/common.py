@@ -91,6 +91,13 @@ class LoopConfig(StrictModel):
                             "gradients, optimizer state and log-prob / loss reductions stay float32; the "
                             "rollout engine then samples in bfloat16 unless its options name a dtype")
 
+    dropout: Literal["auto", "keep", "off"] = Field(
+        "auto", description="the model's dropout in training: auto turns it off where the loss compares the "
+                            "policy's log-probs with a pass of the same weights in eval mode (preference, RL, "
+                            "PPO, online and distillation stages: with dropout a policy equal to its reference "
+                            "scores nonzero and an on-policy ratio is not 1) and keeps it in SFT and "
+                            "reward-model training; keep / off force it")
+
     @property
     def sampler_dtype(self) -> str | None:
         """The dtype a training stage's rollout engine samples in unless its options name one: ``bfloat16``

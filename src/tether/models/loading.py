@@ -219,6 +219,20 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout rate in ``model`` to 0: each ``nn.Dropout``'s ``p`` and each attention module's
+    ``attention_dropout`` (which transformers' attention functions read in training mode). Returns how many
+    were above 0. The training forward then computes what an eval-mode pass of the same weights computes."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            module.p, changed = 0.0, changed + 1
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate > 0:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed
+
+
 def own_trainable_weights(model: torch.nn.Module) -> int:
     """Copy every trainable CPU parameter that is a whole storage into fresh memory of its own; returns
     how many were copied. ``from_pretrained`` leaves CPU weights in a copy-on-write mapping of the

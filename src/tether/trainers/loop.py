@@ -38,7 +38,7 @@ from tether.config.common import StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
 from tether.models.attention import training_autocast
-from tether.models.loading import own_trainable_weights
+from tether.models.loading import disable_dropout, own_trainable_weights
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
 from tether.trainers.distributed import all_reduce_sum, barrier, init_distributed, reduce_metrics
@@ -106,6 +106,10 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
 class Trainer:
     """Base class: owns the loop; subclasses implement :meth:`training_step`."""
 
+    # whether the loss compares the policy's log-probs with a frozen (eval-mode) pass of the same weights, where
+    # ``train.dropout: auto`` turns dropout off (as TRL's DPO does by default)
+    compares_frozen_passes = False
+
     def __init__(self, config: StageConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path,
                  *, stage: str | None = None, evaluator: Callable[[torch.nn.Module, Any], dict[str, float]] | None = None
                  ) -> None:
@@ -125,6 +129,10 @@ class Trainer:
         self._first_bad: str | None = None
         self.max_bad_steps = config.train.max_bad_steps
         torch.set_num_threads(config.train.threads)
+        dropout = config.train.dropout
+        off = dropout == "off" or (dropout == "auto" and self.compares_frozen_passes)
+        if off and (disabled := disable_dropout(model)):
+            log.info("%s: %d dropout rates set to 0 (train.dropout: %s)", self.stage, disabled, dropout)
         if self.dist.is_main:  # a read-only or full output directory fails here, not at the first checkpoint
             ckpt.check_output_dir(self.run_dir, need_bytes=checkpoint_bytes(model))
         self.optimizer = build_optimizer(model, config.optim, parts=self.optimizer_parts())

@@ -74,6 +74,8 @@ REFERENCE_FILE = "reference_logps.pt"
 class OnlinePreferenceTrainer(Trainer):
     """Rounds of generate -> score -> pair -> preference updates, on the shared loop."""
 
+    compares_frozen_passes = True
+
     def __init__(self, config: OnlineDPOConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path, *,
                  records: list[dict] | None = None, reward_functions: list | None = None, judge: Any = None,
                  stage: str | None = None) -> None:

@@ -68,6 +68,8 @@ REFERENCE_CACHE = "reference_logps.pt"
 class PreferenceTrainer(Trainer):
     """Offline DPO-family / KTO updates against reference log-probs cached before training."""
 
+    compares_frozen_passes = True
+
     def __init__(self, config: DPOConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path, *,
                  records: list[dict] | None = None, eval_records: list[dict] | None = None,
                  dropped: dict[str, int] | None = None, stage: str | None = None) -> None:

@@ -91,6 +91,8 @@ class RLBatch:
 class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Trainer):
     """Generate -> score -> advantage -> clipped policy-gradient updates (and a critic), on the shared loop."""
 
+    compares_frozen_passes = True
+
     config: RLConfig
 
     def __init__(self, config: RLConfig, model: torch.nn.Module, tokenizer: Any, run_dir: str | Path, *,
