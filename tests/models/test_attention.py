@@ -50,6 +50,10 @@ def test_training_autocast_runs_matmul_attention_while_gradients_are_taken_and_r
             self.module = module
 
     assert attention_inside(Wrapped(model)) == MATMUL_ATTENTION
+    policy, critic = build_tiny(seed=0)[0], build_tiny(seed=1)[0]  # an actor-critic: two models, both switched
+    with training_autocast(torch.nn.ModuleDict({"policy": policy, "critic": critic}), CPU):
+        assert {policy.config._attn_implementation, critic.config._attn_implementation} == {MATMUL_ATTENTION}
+    assert {policy.config._attn_implementation, critic.config._attn_implementation} == {"sdpa"}
     model.config._attn_implementation = "flash_attention_2"  # a user's choice is left alone
     assert attention_inside(model) == "flash_attention_2"
 

@@ -181,6 +181,20 @@ def test_bf16_mixed_dpo_scores_a_policy_equal_to_its_reference_zero(tmp_path):
         assert metrics["loss"] == pytest.approx(math.log(2), abs=1e-6)
 
 
+def test_bf16_mixed_grpo_kl_to_a_separate_reference_model_starts_at_zero(tmp_path):
+    """The reference model is a copy of the policy: its pass runs the training forward's kernels too, so the
+    first step's KL (policy = reference) is 0 (it was 8e-7 with the copy left on SDPA)."""
+    for precision in ("bf16-mixed", "fp32"):
+        model, tokenizer = build_tiny("tiny", seed=0)
+        trainer = RLTrainer(GRPOConfig(name="g", data={"task": {"name": "arithmetic", "n": 16}},
+                                       rollout={"group_size": 4, "max_new_tokens": 8}, kl={"coef": 0.1},
+                                       train={"max_steps": 1, "batch_size": 4, "progress": False,
+                                              "precision": precision}, report_to=[]),
+                            model, tokenizer, tmp_path / precision, reward_functions=[digit_fraction])
+        assert trainer.ref_model is not None
+        assert trainer.training_step()["kl"] == pytest.approx(0.0, abs=1e-9), precision
+
+
 def test_bf16_mixed_frozen_passes_run_in_bfloat16(tmp_path):
     """The critic's frozen values (PPO), an online round's reference and mismatch passes, and a local teacher's
     scores all run under the training forward's autocast."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 MATMUL_ATTENTION = "tether_matmul"
@@ -94,19 +94,30 @@ def matmul_attention_pays(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in LOW_PRECISION and (torch.is_grad_enabled() or _TRAINING_FORWARD.get())
 
 
+def _sdpa_configs(model: torch.nn.Module) -> list[Any]:
+    """The configs of the transformers models inside ``model`` (itself, a DDP or PEFT wrapper's, both parts of
+    an actor-critic) whose attention is ``sdpa``, each once."""
+    configs = {}
+    for module in model.modules():
+        config = getattr(module, "config", None) if isinstance(module, PreTrainedModel) else None
+        if getattr(config, "_attn_implementation", None) == "sdpa":
+            configs[id(config)] = config
+    return list(configs.values())
+
+
 @contextmanager
 def training_autocast(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
-    """bfloat16 autocast on ``device``; on a CPU an ``sdpa`` model runs :func:`matmul_attention`, with or
-    without gradients, so that a frozen pass computes what the training forward computes."""
-    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
-    config = getattr(inner, "config", None)
+    """bfloat16 autocast on ``device``; on a CPU every ``sdpa`` model inside ``model`` runs
+    :func:`matmul_attention`, with or without gradients, so that a frozen pass computes what the training
+    forward computes."""
     token = _TRAINING_FORWARD.set(True)
+    configs = _sdpa_configs(model) if matmul_attention_pays(device, torch.bfloat16) else []
+    for config in configs:
+        config._attn_implementation = MATMUL_ATTENTION
     try:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            if matmul_attention_pays(device, torch.bfloat16) and getattr(config, "_attn_implementation", None) == "sdpa":
-                with attention_implementation(inner, MATMUL_ATTENTION):
-                    yield
-            else:
-                yield
+            yield
     finally:
+        for config in configs:
+            config._attn_implementation = "sdpa"
         _TRAINING_FORWARD.reset(token)

@@ -199,27 +199,29 @@ class Trainer:
             # evaluation generates a different number of tokens per rank: whole weights, no per-call gathers
             self.evaluate = parallel.gathered(wrapped, self.evaluate)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The forward's precision context: bfloat16 autocast under ``train.precision: bf16-mixed`` (weights and
-        gradients stay float32; matmuls run in bfloat16; :func:`~tether.models.attention.training_autocast`),
-        else nothing."""
+    def autocast(self, model: torch.nn.Module | None = None) -> contextlib.AbstractContextManager:
+        """The forward's precision context for ``model`` (default the trained one): bfloat16 autocast under
+        ``train.precision: bf16-mixed`` (weights and gradients stay float32; matmuls run in bfloat16; its
+        attention kernel as :func:`~tether.models.attention.training_autocast` picks it), else nothing."""
         if self.config.train.precision != "bf16-mixed":
             return contextlib.nullcontext()
-        return training_autocast(self.model, self.device)
+        return training_autocast(self.model if model is None else model, self.device)
 
     @contextlib.contextmanager
-    def frozen_pass(self, *switches: contextlib.AbstractContextManager) -> Iterator[None]:
+    def frozen_pass(self, *switches: contextlib.AbstractContextManager,
+                    model: torch.nn.Module | None = None) -> Iterator[None]:
         """A forward pass that trains nothing (reference, old-policy, critic-value or teacher scores): the policy
         in eval mode, no gradients, ``switches`` entered (an adapter turned off), and the training forward's
-        precision (:meth:`autocast`), so that a policy equal to its reference scores exactly 0 under
-        ``bf16-mixed`` too. The policy's train / eval mode is restored afterwards."""
+        precision and kernels (:meth:`autocast`) for ``model``, the one that runs (default the policy; a separate
+        reference model must be named), so that a policy equal to its reference scores 0 under ``bf16-mixed``
+        too. The policy's train / eval mode is restored afterwards."""
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), contextlib.ExitStack() as stack:
                 for switch in switches:
                     stack.enter_context(switch)
-                stack.enter_context(self.autocast())
+                stack.enter_context(self.autocast(model))
                 yield
         finally:
             self.model.train(was_training)

@@ -255,7 +255,7 @@ class OnlinePreferenceTrainer(Trainer):
             if self.ref_model is None:
                 context = self.model.disable_adapter()
         out: dict[str, list[torch.Tensor]] = {"chosen": [], "rejected": []}
-        with self.frozen_pass(context):
+        with self.frozen_pass(context, model=model):
             for chunk in chunks(self.pairs, 2 * self.config.train.batch_size):
                 inputs = self._inputs(model, chunk, None, None, wpo=False)
                 out["chosen"].append(inputs.chosen_logps.cpu())

@@ -378,7 +378,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
                 model = self.ref_model
             else:
                 context = self.model.disable_adapter()
-        with self.frozen_pass(context):
+        with self.frozen_pass(context, model=model):
             return torch.cat([self.policy_logprobs(model, rollout, rows)[0]
                               for rows in self.micro_batches(torch.arange(len(rollout)))])
 
