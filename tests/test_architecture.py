@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tether"
-TRAINER_BASE = {"loop", "checkpoint", "distributed", "metrics", "parallel", "rl", "rollout_consistency", "entropy_control",
+TRAINER_BASE = {"loop", "optimization", "checkpoint", "distributed", "metrics", "parallel", "rl", "rollout_consistency", "entropy_control",
                 "critic", "process_supervision", "turn_reference", "distillation", "rl_report", "async_rollout"}
 MAX_LINES = 500
 
