@@ -15,7 +15,10 @@ CI has no GPU, so this is how the device paths are checked by hand on a machine 
    the old policy's, ``bf16-mixed`` SFT, GRPO and PPO);
 2. the rollout engine on the device: greedy decoding agrees token for token with ``model.generate``
    (float32), and its tokens/s against ``model.generate`` (batch 64, 32 new tokens, sampled, EOS
-   ignored, ``--dtype``) on the ``tiny`` and ``small`` models.
+   ignored, ``--dtype``) on the ``tiny`` and ``small`` models;
+3. frozen passes under ``bf16-mixed``: a pass without gradients of packed rows gives the training
+   forward's logits bit for bit (the attention kernel must not depend on whether gradients are taken,
+   or a policy equal to its reference does not score 0).
 
 Prints one line per check and writes them all as JSON (``--out``). ``--device cpu`` runs the same
 checks here (slowly), which is how the script itself is tested.
@@ -162,6 +165,31 @@ def engine_checks(device: str, dtype: str) -> list[dict[str, Any]]:
     return rows
 
 
+def frozen_pass_checks(device: str) -> list[dict[str, Any]]:
+    """Under the training autocast, logits of packed rows with and without gradients are identical."""
+    from tether.data.packing import pack_sequences
+    from tether.models import build_tiny
+    from tether.models.attention import training_autocast
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (9, 17, 5, 30, 12, 40, 7)]
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+              for k, v in pack_sequences(sequences, row_tokens=48, pad_token_id=0).model_inputs().items()}
+    for size in ("tiny", "small"):
+        model, _ = build_tiny(size, seed=0)
+        model.to(device)
+
+        def logits(grad: bool, model=model) -> torch.Tensor:
+            with torch.set_grad_enabled(grad), training_autocast(model, torch.device(device)):
+                return model(**inputs).logits.detach().float()
+
+        diff = (logits(True) - logits(False)).abs().max().item()
+        rows.append({"check": f"frozen pass == training forward ({size}, bf16-mixed)", "ok": diff == 0.0,
+                     "detail": f"largest logit difference {diff:.3g}"})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -169,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipes", default="", help="comma-separated (default: every built-in recipe)")
     parser.add_argument("--jobs", type=int, default=4, help="recipes run at once")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per recipe")
-    parser.add_argument("--no-engine", action="store_true", help="skip the engine checks")
+    parser.add_argument("--no-engine", action="store_true", help="skip the engine and frozen-pass checks")
     parser.add_argument("--out", type=Path, default=Path("device_check.json"))
     args = parser.parse_args(argv)
 
@@ -191,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_engine:
         try:
-            for row in engine_checks(args.device, args.dtype):
+            for row in [*engine_checks(args.device, args.dtype), *frozen_pass_checks(args.device)]:
                 report(row)
         except Exception:
             report({"check": "engine", "ok": False, "detail": traceback.format_exc()})

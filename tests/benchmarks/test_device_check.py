@@ -51,6 +51,13 @@ def test_a_recipe_runs_on_the_named_device(device_check, tmp_path):
         ("recipe sft-arithmetic", True), ("recipe sft-arithmetic+bf16-mixed", True)]
 
 
+def test_frozen_passes_give_the_training_forward_s_logits_on_the_cpu(device_check):
+    rows = device_check.frozen_pass_checks("cpu")
+    assert [r["check"] for r in rows] == ["frozen pass == training forward (tiny, bf16-mixed)",
+                                          "frozen pass == training forward (small, bf16-mixed)"]
+    assert all(r["ok"] for r in rows), rows
+
+
 def test_a_crash_is_a_failure_and_a_data_guard_is_not(device_check, tmp_path, monkeypatch):
     class Done:
         def __init__(self, rc, text):
