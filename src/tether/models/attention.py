@@ -26,7 +26,7 @@ backward rounds the scores' gradient to bfloat16, which the following matrix-pro
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -94,15 +94,14 @@ def matmul_attention_pays(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in LOW_PRECISION and (torch.is_grad_enabled() or _TRAINING_FORWARD.get())
 
 
-def _sdpa_configs(model: torch.nn.Module) -> list[Any]:
-    """The configs of the transformers models inside ``model`` (itself, a DDP or PEFT wrapper's, both parts of
-    an actor-critic) whose attention is ``sdpa``, each once."""
-    configs = {}
+def _sdpa_models(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformers models inside ``model`` (itself, a DDP or PEFT wrapper's, both parts of an
+    actor-critic) whose attention is ``sdpa``, one per config."""
+    found: dict[int, torch.nn.Module] = {}
     for module in model.modules():
-        config = getattr(module, "config", None) if isinstance(module, PreTrainedModel) else None
-        if getattr(config, "_attn_implementation", None) == "sdpa":
-            configs[id(config)] = config
-    return list(configs.values())
+        if isinstance(module, PreTrainedModel) and getattr(module.config, "_attn_implementation", None) == "sdpa":
+            found.setdefault(id(module.config), module)
+    return list(found.values())
 
 
 @contextmanager
@@ -111,13 +110,12 @@ def training_autocast(model: torch.nn.Module, device: torch.device) -> Iterator[
     :func:`matmul_attention`, with or without gradients, so that a frozen pass computes what the training
     forward computes."""
     token = _TRAINING_FORWARD.set(True)
-    configs = _sdpa_configs(model) if matmul_attention_pays(device, torch.bfloat16) else []
-    for config in configs:
-        config._attn_implementation = MATMUL_ATTENTION
     try:
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with ExitStack() as stack:
+            if matmul_attention_pays(device, torch.bfloat16):
+                for inner in _sdpa_models(model):
+                    stack.enter_context(attention_implementation(inner, MATMUL_ATTENTION))
+            stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
             yield
     finally:
-        for config in configs:
-            config._attn_implementation = "sdpa"
         _TRAINING_FORWARD.reset(token)
