@@ -66,7 +66,7 @@ class CriticSteps:
     model: torch.nn.Module
     tokenizer: Any
     micro_batches: Any  # RLTrainer's: rows -> the micro-batches of a forward pass
-    autocast: Any  # the Trainer's: the training forward's precision context
+    frozen_pass: Any  # the Trainer's: a pass that trains nothing, in the training forward's precision
 
     def values(self, rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
         """V(s_t) of the given samples' completion tokens, shape (len(rows), longest completion of the rollout).
