@@ -31,7 +31,7 @@ def test_bf16_mixed_loss_matches_float32_to_bfloat16_rounding(tmp_path):
     batch = full.micro_batches_for_step(0)[0]
     denominator = float(batch["num_loss_tokens"])
     loss_full = full.loss_fn(batch, denominator)[0]
-    with mixed.autocast():
+    with mixed.training_forward():
         loss_mixed = mixed.loss_fn(batch, denominator)[0]
     assert loss_mixed.dtype == torch.float32  # reductions in float32
     assert abs(loss_mixed.item() - loss_full.item()) < 2e-2 * loss_full.item()

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from tether.models.linear import onednn_linears
 from tether.rollout import continuous, static_decoder
 from tether.rollout.base import Rollout, SamplingParams, sample_tokens
 from tether.rollout.static_decoder import COMPACT_FRACTION, COMPACT_MIN_BATCH
@@ -262,7 +263,8 @@ class HFEngine:
             kwargs[self._cache_kw] = cache
         if self._logits_kw is not None:
             kwargs[self._logits_kw] = 1
-        out = self.model(**kwargs)
+        with onednn_linears(self.model):
+            out = self.model(**kwargs)
         new_cache = getattr(out, "cache", None)
         if new_cache is None:
             new_cache = out.past_key_values

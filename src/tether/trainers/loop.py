@@ -38,6 +38,7 @@ from tether.config.common import StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
 from tether.models.attention import training_autocast
+from tether.models.linear import onednn_linears
 from tether.models.loading import disable_dropout, own_trainable_weights
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
@@ -199,20 +200,23 @@ class Trainer:
             # evaluation generates a different number of tokens per rank: whole weights, no per-call gathers
             self.evaluate = parallel.gathered(wrapped, self.evaluate)
 
-    def autocast(self, model: torch.nn.Module | None = None) -> contextlib.AbstractContextManager:
-        """The forward's precision context for ``model`` (default the trained one): bfloat16 autocast under
-        ``train.precision: bf16-mixed`` (weights and gradients stay float32; matmuls run in bfloat16; its
-        attention kernel as :func:`~tether.models.attention.training_autocast` picks it), else nothing."""
+    def training_forward(self, model: torch.nn.Module | None = None) -> contextlib.AbstractContextManager:
+        """The training forward's precision and kernels for ``model`` (default the trained one): bfloat16
+        autocast under ``train.precision: bf16-mixed`` (weights and gradients stay float32; matmuls run in
+        bfloat16; its attention kernel as :func:`~tether.models.attention.training_autocast` picks it), else
+        float32 with the linear layers on the faster CPU kernel (:func:`~tether.models.linear.onednn_linears`;
+        a no-op on GPUs and where PyTorch's own kernel is the faster)."""
+        model = self.model if model is None else model
         if self.config.train.precision != "bf16-mixed":
-            return contextlib.nullcontext()
-        return training_autocast(self.model if model is None else model, self.device)
+            return onednn_linears(model)
+        return training_autocast(model, self.device)
 
     @contextlib.contextmanager
     def frozen_pass(self, *switches: contextlib.AbstractContextManager,
                     model: torch.nn.Module | None = None) -> Iterator[None]:
         """A forward pass that trains nothing (reference, old-policy, critic-value or teacher scores): the policy
         in eval mode, no gradients, ``switches`` entered (an adapter turned off), and the training forward's
-        precision and kernels (:meth:`autocast`) for ``model``, the one that runs (default the policy; a separate
+        precision and kernels (:meth:`training_forward`) for ``model``, the one that runs (default the policy; a separate
         reference model must be named), so that a policy equal to its reference scores 0 under ``bf16-mixed``
         too. The policy's train / eval mode is restored afterwards."""
         was_training = self.model.training
@@ -221,7 +225,7 @@ class Trainer:
             with torch.no_grad(), contextlib.ExitStack() as stack:
                 for switch in switches:
                     stack.enter_context(switch)
-                stack.enter_context(self.autocast(model))
+                stack.enter_context(self.training_forward(model))
                 yield
         finally:
             self.model.train(was_training)
@@ -238,7 +242,7 @@ class Trainer:
         loss_sum, n = 0.0, 0
         bad_batches = []
         for batch in micro_batches:
-            with self.autocast():
+            with self.training_forward():
                 loss, metrics = loss_fn(batch)
             loss.backward()
             value = to_float(loss)
