@@ -48,19 +48,23 @@ def cpu_vendor() -> str:
     return ""
 
 
+def onednn_available() -> bool:
+    """Whether this PyTorch build carries oneDNN's linear kernel (``torch.ops.mkldnn._linear_pointwise``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 @functools.cache
 def _onednn_beats_mkl() -> bool:
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_vendor() in _VENDORS_WITHOUT_MKL_AVX512)
+    return (onednn_available() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and cpu_vendor() in _VENDORS_WITHOUT_MKL_AVX512)
 
 
 def onednn_float32_pays(weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` is faster on oneDNN than on PyTorch's default float32 kernel: a float32 CPU
     weight with at least :data:`ONEDNN_MIN_FEATURES` input features, on an AVX-512 processor whose vendor
     MKL does not run its AVX-512 code for."""
-    return (type(weight) in (torch.Tensor, nn.Parameter) and weight.device.type == "cpu"
-            and weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] >= ONEDNN_MIN_FEATURES
-            and _onednn_beats_mkl())
+    return (_onednn_beats_mkl() and type(weight) in (torch.Tensor, nn.Parameter) and weight.device.type == "cpu"
+            and weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] >= ONEDNN_MIN_FEATURES)
 
 
 def _onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -110,10 +114,12 @@ def _onednn_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def onednn_linears(model: nn.Module) -> Iterator[int]:
     """Inside the block, every plain ``nn.Linear`` of ``model`` whose weight qualifies
-    (:func:`onednn_float32_pays`) multiplies on oneDNN; yields how many switched. Restored on exit."""
-    switched = [module for module in model.modules()
-                if type(module) is nn.Linear and "forward" not in module.__dict__
-                and onednn_float32_pays(module.weight)]
+    (:func:`onednn_float32_pays`) multiplies on oneDNN; yields how many switched. Restored on exit. Where
+    oneDNN does not beat PyTorch's kernel (Intel processors, builds without it) the model is not walked."""
+    switched = []
+    if _onednn_beats_mkl():
+        switched = [module for module in model.modules() if type(module) is nn.Linear
+                    and "forward" not in module.__dict__ and onednn_float32_pays(module.weight)]
     for module in switched:
         module.forward = types.MethodType(_onednn_forward, module)
     try:

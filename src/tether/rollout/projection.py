@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tether.models.linear import onednn_float32_pays
+from tether.models.linear import onednn_available, onednn_float32_pays
 
 PACK_MIN_HIDDEN = 512
 # Repack for a new row count only when at least this many steps remain (a pack of the small model's
@@ -37,17 +37,13 @@ def _mkl_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def packing_pays(weight: torch.Tensor, hidden_size: int) -> bool:
     """Whether decode projections of this dtype / device / model width are worth prepacking."""
     if weight.device.type != "cpu" or hidden_size < PACK_MIN_HIDDEN:
         return False
     if weight.dtype == torch.float32:
         return onednn_float32_pays(weight) or _mkl_available()
-    return weight.dtype == torch.bfloat16 and _onednn_available()
+    return weight.dtype == torch.bfloat16 and onednn_available()
 
 
 class Projection:
