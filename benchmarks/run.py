@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads as wl
 
-from tether.models.linear import onednn_available
+from tether.models.linear import cpuinfo_field, onednn_available
 from tether.models.tiny import save_tiny
 
 WORKLOADS = ("sft", "dpo", "grpo", "grpo_beta0", "generation", "generation_fixed")
@@ -296,13 +296,7 @@ PREFIX_SHARING = {"true": True, "false": False, "auto": "auto", "cascade": "casc
 
 def cpu_model() -> str:
     """The processor's model name (figures from different CPUs are not comparable), else its architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or f"{platform.machine()} CPU"
+    return cpuinfo_field("model name") or platform.processor() or f"{platform.machine()} CPU"
 
 
 def commit() -> str | None:

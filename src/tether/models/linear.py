@@ -36,16 +36,22 @@ ONEDNN_MIN_FEATURES = 512
 _VENDORS_WITHOUT_MKL_AVX512 = ("AuthenticAMD", "HygonGenuine")
 
 
-@functools.cache
-def cpu_vendor() -> str:
-    """The x86 vendor string of this machine (``AuthenticAMD``, ``GenuineIntel``), or "" where unknown."""
+def cpuinfo_field(name: str) -> str:
+    """The first value of field ``name`` (``vendor_id``, ``model name``) in ``/proc/cpuinfo``, or "" where
+    there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
+            if line.startswith(name):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The x86 vendor string of this machine (``AuthenticAMD``, ``GenuineIntel``), or "" where unknown."""
+    return cpuinfo_field("vendor_id")
 
 
 def onednn_available() -> bool:
