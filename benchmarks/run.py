@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads as wl
 
-from tether.models.linear import cpuinfo_field, onednn_available
+from tether.models.linear import cpuinfo_field, onednn_runs
 from tether.models.tiny import save_tiny
 
 WORKLOADS = ("sft", "dpo", "grpo", "grpo_beta0", "generation", "generation_fixed")
@@ -152,7 +152,7 @@ def matmul_peak(threads: int, size: int = 2048, repeats: int = 5, dtype: torch.d
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     kernels = [lambda: torch.mm(a, b)]
-    if onednn_available():
+    if onednn_runs(dtype):
         kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
     best = float("inf")
     for kernel in kernels:

@@ -150,3 +150,20 @@ def test_the_engine_prefills_on_onednn_and_decodes_the_same_greedy_tokens(onednn
     assert rollout.completion_ids == expected.completion_ids
     for mine, reference in zip(rollout.completion_logprobs, expected.completion_logprobs, strict=True):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_onednn_runs_agrees_with_the_kernel(dtype):
+    """Where ``onednn_runs`` says yes, oneDNN's prepacked product computes the linear map; where oneDNN is
+    built in but it says no (bfloat16 on an AVX2 processor), the kernel refuses the product."""
+    x, weight = torch.randn(3, 16, dtype=dtype), torch.randn(5, 16, dtype=dtype)
+
+    def product() -> torch.Tensor:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 3)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+    if linear.onednn_runs(dtype):
+        assert torch.allclose(product().float(), F.linear(x, weight).float(), rtol=2e-2, atol=2e-2)
+    elif linear.onednn_available():
+        with pytest.raises(RuntimeError):
+            product()

@@ -95,7 +95,7 @@ def test_a_prepacked_projection_computes_the_linear_map(dtype, onednn_float32, m
     weight, bias, x = (torch.randn(96, 512, dtype=dtype), torch.randn(96, dtype=dtype),
                        torch.randn(5, 512, dtype=dtype))
     if not projection.packing_pays(weight, projection.PACK_MIN_HIDDEN):
-        pytest.skip("no MKL / oneDNN packed kernels in this build")
+        pytest.skip("no MKL / oneDNN packed kernels of this dtype in this build or on this processor")
     layer = projection.Projection(weight, bias)
     assert not layer.serves(5) and torch.equal(layer(x), F.linear(x, weight, bias))
     layer.pack(5)
@@ -212,3 +212,21 @@ def test_bfloat16_decode_steps_match_a_full_forward(tokenizer):
     assert steps.dtype is torch.float32
     assert (steps - full).abs().max() < 0.05 * full.abs().max()
     assert (steps - exact).abs().mean() <= (full - exact).abs().mean() * 1.5
+
+
+def test_a_wide_bfloat16_model_decodes_where_onednn_has_no_bfloat16_kernels(tokenizer, monkeypatch):
+    """bfloat16 projections pack on oneDNN only where its bfloat16 kernels run (an AVX2 processor has none,
+    and the pack raised there): the decoder packs exactly then, and its steps give a full forward's logits."""
+    model = _wide_model().to(torch.bfloat16)
+    packed_for = []
+    original = projection.Projection.pack
+    monkeypatch.setattr(projection.Projection, "pack", lambda self, rows: (packed_for.append(rows), original(self, rows)))
+    prompt = _prompts(tokenizer, 1)[0]
+    with torch.inference_mode():
+        _, cache, mask, position = HFEngine(model, tokenizer)._prefill([prompt], 12, 1)
+        decoder = static_decoder.StaticDecoder(model, cache, mask[:, : len(prompt)], 12)
+        tokens = [7, 9, 11]
+        steps = torch.stack([decoder.step(torch.tensor([t]), position[:, 0] + i)[0] for i, t in enumerate(tokens)])
+        full = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt):].float()
+    assert bool(packed_for) == linear.onednn_runs(torch.bfloat16)
+    assert (steps - full).abs().max() < 0.05 * full.abs().max()

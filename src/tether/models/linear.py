@@ -60,6 +60,23 @@ def onednn_available() -> bool:
 
 
 @functools.cache
+def onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear kernels (the prepacked weight and the product) run ``dtype`` on this processor.
+
+    float32 runs wherever oneDNN is built in; bfloat16 needs AVX-512 (BW, VL, DQ), AVX-NE-CONVERT or Arm's
+    BF16 instructions, and without them oneDNN refuses the product ("bf16 path needs the cpu support ..."):
+    an AVX2 processor such as an AMD EPYC of the Zen 3 generation. Probed once with a small product."""
+    if not onednn_available():
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=dtype), 4)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(4, 8, dtype=dtype), packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.cache
 def _onednn_beats_mkl() -> bool:
     return (onednn_available() and torch.backends.cpu.get_cpu_capability() == "AVX512"
             and cpu_vendor() in _VENDORS_WITHOUT_MKL_AVX512)

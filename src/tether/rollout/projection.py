@@ -16,8 +16,9 @@ the float32 weight is packed in oneDNN's layout instead: MKL's pack gained nothi
 MKL's packed float32 GEMM is tied to the row count it was packed for: when the batch changes (finished
 rows dropped) the weight is packed again for the new count, or, with few steps left, multiplied plainly.
 oneDNN's bfloat16 layout serves any row count. Everything else (CUDA, float16, a build without MKL or
-oneDNN) runs ``F.linear``. Packed products agree with ``F.linear`` to float rounding (bfloat16:
-identical in the tests).
+oneDNN, bfloat16 on a processor whose instructions oneDNN's bfloat16 kernels lack, such as an AVX2-only
+one: :func:`~tether.models.linear.onednn_runs`) runs ``F.linear``. Packed products agree with ``F.linear``
+to float rounding (bfloat16: identical in the tests).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tether.models.linear import onednn_available, onednn_float32_pays
+from tether.models.linear import onednn_float32_pays, onednn_runs
 
 PACK_MIN_HIDDEN = 512
 # Repack for a new row count only when at least this many steps remain (a pack of the small model's
@@ -43,7 +44,7 @@ def packing_pays(weight: torch.Tensor, hidden_size: int) -> bool:
         return False
     if weight.dtype == torch.float32:
         return onednn_float32_pays(weight) or _mkl_available()
-    return weight.dtype == torch.bfloat16 and onednn_available()
+    return weight.dtype == torch.bfloat16 and onednn_runs(torch.bfloat16)
 
 
 class Projection:
