@@ -295,8 +295,13 @@ PREFIX_SHARING = {"true": True, "false": False, "auto": "auto", "cascade": "casc
 
 
 def cpu_model() -> str:
-    """The processor's model name (figures from different CPUs are not comparable), else its architecture."""
-    return cpuinfo_field("model name") or platform.processor() or f"{platform.machine()} CPU"
+    """The processor's model name, family / model numbers and PyTorch's vector instruction level (figures from
+    different CPUs are not comparable, and one model name, e.g. "AMD EPYC", covers generations with and
+    without AVX-512), else its architecture."""
+    name = cpuinfo_field("model name") or platform.processor() or f"{platform.machine()} CPU"
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model")
+    generation = f"family {family} model {model}, " if family and model else ""
+    return f"{name} ({generation}{torch.backends.cpu.get_cpu_capability()})"
 
 
 def commit() -> str | None:

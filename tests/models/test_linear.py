@@ -167,3 +167,15 @@ def test_onednn_runs_agrees_with_the_kernel(dtype):
     elif linear.onednn_available():
         with pytest.raises(RuntimeError):
             product()
+
+
+def test_cpuinfo_fields_are_matched_by_their_whole_key(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nmodel\t\t: 1\ncpu family\t: 25\n")
+    monkeypatch.setattr(linear, "CPUINFO", cpuinfo)
+    assert linear.cpuinfo_field("model") == "1"
+    assert linear.cpuinfo_field("model name") == "AMD EPYC"
+    assert linear.cpuinfo_field("cpu family") == "25"
+    assert linear.cpuinfo_field("stepping") == ""
+    monkeypatch.setattr(linear, "CPUINFO", tmp_path / "absent")
+    assert linear.cpuinfo_field("vendor_id") == ""

@@ -52,6 +52,51 @@ def test_static_path_gives_the_generic_paths_tokens_and_logprobs(arch, tokenizer
             assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("arch, group", [("tiny", 1), ("llama-gqa", 3), ("qwen2", 1), ("qwen2", 2)])
+def test_the_decoders_own_prefill_equals_a_padded_forward(arch, group, tokenizer):
+    """The lean prefill (real tokens only, packed) gives a padded forward's last logits, the same keys and
+    values at every real column, the same mask and positions, and decode steps with the same logits."""
+    model = build_tiny("tiny")[0].eval() if arch == "tiny" else _arch(arch)
+    prompts = [p for p in _prompts(tokenizer, 5) for _ in range(group)]
+    engine = HFEngine(model, tokenizer)
+    with torch.inference_mode():
+        logits, cache, mask, position = engine._prefill(prompts, 4, group)
+        width = mask.shape[1] - 4
+        reference = static_decoder.StaticDecoder(model, cache, mask[:, :width], 4)
+        lean_logits, lean, lean_mask, lean_position = engine._prefill(prompts, 4, group, lean=True)
+        assert isinstance(lean, static_decoder.StaticDecoder)
+        assert torch.equal(lean_mask, mask) and torch.equal(lean_position, position)
+        assert torch.allclose(lean_logits, logits, atol=1e-5)
+        real = mask[:, :width].bool()[None, :, None, :].expand(*reference.keys.shape[:3], width)  # (L, B, kv, width)
+        assert int(real.sum()) < real.numel()  # the prompts differ in length: padding was skipped
+        for ours, theirs in ((lean.keys, reference.keys), (lean.values, reference.values)):
+            assert torch.allclose(ours[:, :, :, :width][real], theirs[:, :, :, :width][real], atol=1e-5)
+        token = torch.full((len(prompts),), 7)
+        for step in range(3):
+            assert torch.allclose(lean.step(token, position[:, 0] + step),
+                                  reference.step(token, position[:, 0] + step), atol=1e-5)
+
+
+def test_a_bfloat16_models_lean_prefill_gives_a_padded_forwards_logits(tokenizer):
+    """bfloat16 projections, float32 attention over the float32 cache: a padded bfloat16 forward's logits
+    to bfloat16 rounding."""
+    model = _arch("llama-gqa").to(torch.bfloat16)
+    prompts = _prompts(tokenizer, 5)
+    engine = HFEngine(model, tokenizer)
+    with torch.inference_mode():
+        logits = engine._prefill(prompts, 4, 1)[0]
+        lean_logits, lean = engine._prefill(prompts, 4, 1, lean=True)[:2]
+    assert lean.keys.dtype is torch.float32 and lean_logits.dtype is torch.float32
+    assert (lean_logits - logits).abs().max() < 0.05 * logits.abs().max()
+
+
+def test_the_lean_prefill_rejects_a_prompt_wider_than_its_buffers(tokenizer):
+    model = _arch("llama-gqa")
+    decoder = static_decoder.StaticDecoder(model, None, torch.ones((1, 3), dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="does not fit 3 columns"):
+        decoder.prefill([[1, 2, 3, 4]])
+
+
 def test_decode_step_logits_match_a_full_forward(tokenizer):
     """Each static step's logits equal the model's logits at that position from one unpadded forward."""
     model = _arch("llama-gqa")
@@ -97,7 +142,7 @@ def test_a_prepacked_projection_computes_the_linear_map(dtype, onednn_float32, m
     if not projection.packing_pays(weight, projection.PACK_MIN_HIDDEN):
         pytest.skip("no MKL / oneDNN packed kernels of this dtype in this build or on this processor")
     layer = projection.Projection(weight, bias)
-    assert not layer.serves(5) and torch.equal(layer(x), F.linear(x, weight, bias))
+    assert not layer.serves(5) and torch.equal(layer(x), linear.onednn_linear(x, weight, bias))  # unpacked
     layer.pack(5)
     assert layer.serves(5)
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2

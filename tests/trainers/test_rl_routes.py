@@ -28,4 +28,7 @@ def test_one_routed_grpo_step(tmp_path):
     assert "reward/reasoning/accuracy/mean" in metrics and "reward/general/judge/mean" in metrics
     assert metrics["reward/general/judge/none"] == 0.0  # the rule judge scores every general answer
     assert -1.0 <= metrics["reward/general/judge/mean"] <= 1.0  # normalised judge score
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    # the policy moves exactly when some group's rewards differ (with 2 samples a group, whether any does
+    # depends on the draws, which differ between processors: on some, every group ties and nothing moves)
+    moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert moved == bool(metrics["advantage/frac_zero_std_groups"] < 1)

@@ -33,16 +33,18 @@ import torch.nn.functional as F
 from torch import nn
 
 ONEDNN_MIN_FEATURES = 512
+CPUINFO = Path("/proc/cpuinfo")
 _VENDORS_WITHOUT_MKL_AVX512 = ("AuthenticAMD", "HygonGenuine")
 
 
 def cpuinfo_field(name: str) -> str:
-    """The first value of field ``name`` (``vendor_id``, ``model name``) in ``/proc/cpuinfo``, or "" where
-    there is none."""
+    """The first value of field ``name`` (``vendor_id``, ``model name``, ``model``: the whole key, so ``model``
+    is not ``model name``) in ``/proc/cpuinfo``, or "" where there is none."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(name):
-                return line.split(":", 1)[1].strip()
+        for line in CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
     except OSError:
         pass
     return ""

@@ -8,7 +8,9 @@ than ``model.generate``:
    one batch; the attention mask for prompt + every new token is allocated once and sliced;
 2. one prefill forward computes the KV cache and only the last position's logits
    (``logits_to_keep=1``); when a chunk holds whole groups of ``n`` samples the prefill runs on
-   the distinct prompts and the cache is repeated ``n`` times;
+   the distinct prompts and the cache is repeated ``n`` times. For models the static decoder
+   reproduces (:mod:`tether.rollout.static_decoder`), its own prefill replaces the forward: the distinct prompts' real tokens only,
+   packed into one matrix (no padding rows through the projections), written straight into its buffers;
 3. one forward per new token with the cache (the model's ``DynamicCache``; for long decodes its
    layers write in place into buffers allocated once, see :class:`PreallocatedLayer`); sampling
    applies temperature, top-k then top-p, with a seeded ``torch.Generator`` when ``params.seed`` is set;
@@ -271,22 +273,30 @@ class HFEngine:
         return out.logits[:, -1, :].float(), new_cache
 
     def _prefill(
-        self, prompts: list[list[int]], new_tokens: int, group: int, width: int = 0
+        self, prompts: list[list[int]], new_tokens: int, group: int, width: int = 0, lean: bool = False
     ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Left-pad (to at least ``width``) and run the prompts through the model.
 
         ``prompts`` holds ``B`` rows in groups of ``group`` identical prompts; only one per group is
         run and the cache is repeated. Returns the last position's logits (B, V), the cache, the
         attention mask (B, width + new_tokens) for every step to come, and the next position (B, 1).
+        With ``lean`` and a model the static decoder reproduces, the "cache" returned is a
+        :class:`~static_decoder.StaticDecoder` filled by its own prefill, which skips the padding.
         """
         device = self.device
         unique = prompts[::group]
         width = max(width, *(len(p) for p in unique))
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in unique], dtype=torch.long)
         lens = torch.tensor([len(p) for p in unique], dtype=torch.long)
         mask = torch.ones((len(unique), width + new_tokens), dtype=torch.long)
         mask[:, :width] = (torch.arange(width)[None, :] >= (width - lens)[:, None]).long()
-        ids, mask, lens = ids.to(device), mask.to(device), lens.to(device)
+        mask, lens = mask.to(device), lens.to(device)
+        if lean and self.static and static_decoder.supports(self.model, width + new_tokens):
+            mask, lens = mask.repeat_interleave(group, dim=0), lens.repeat_interleave(group, dim=0)
+            decoder = static_decoder.StaticDecoder(self.model, None, mask[:, :width], new_tokens)
+            with onednn_linears(self.model):
+                logits = decoder.prefill(prompts, group)
+            return logits, decoder, mask, lens[:, None].clone()
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in unique], dtype=torch.long).to(device)
         position_ids = (mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
         logits, cache = self._forward(ids, mask[:, :width], position_ids, None)
         if new_tokens >= PREALLOCATE_MIN_NEW_TOKENS and not self._static(width + new_tokens, cache):
@@ -306,14 +316,16 @@ class HFEngine:
     ) -> list[tuple[list[int], list[float], bool]]:
         """Decode one batch; return per row (completion ids, logprobs, stopped)."""
         steps = params.max_new_tokens
-        logits, cache, mask, position = self._prefill(prompts, steps, group)
+        logits, cache, mask, position = self._prefill(prompts, steps, group, lean=True)
         device, batch = logits.device, logits.shape[0]
         width = mask.shape[1] - steps
         out = continuous.Outputs(self, batch, steps, device, params, logits.shape[-1])
         rows = torch.arange(batch, device=device)  # batch position -> output row
         done = torch.zeros(batch, dtype=torch.bool, device=device)  # per current batch position
         decoder = None
-        if self._static(mask.shape[1], cache):
+        if isinstance(cache, static_decoder.StaticDecoder):
+            decoder, cache = cache, None
+        elif self._static(mask.shape[1], cache):
             decoder = static_decoder.StaticDecoder(self.model, cache, mask[:, :width], steps)
             cache = None
         for t in range(steps):

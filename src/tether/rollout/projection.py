@@ -17,16 +17,16 @@ MKL's packed float32 GEMM is tied to the row count it was packed for: when the b
 rows dropped) the weight is packed again for the new count, or, with few steps left, multiplied plainly.
 oneDNN's bfloat16 layout serves any row count. Everything else (CUDA, float16, a build without MKL or
 oneDNN, bfloat16 on a processor whose instructions oneDNN's bfloat16 kernels lack, such as an AVX2-only
-one: :func:`~tether.models.linear.onednn_runs`) runs ``F.linear``. Packed products agree with ``F.linear``
+one: :func:`~tether.models.linear.onednn_runs`) and unpacked weights run
+:func:`~tether.models.linear.onednn_linear` (``F.linear``, or oneDNN's plain product where float32 pays). Packed products agree with ``F.linear``
 to float rounding (bfloat16: identical in the tests).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from tether.models.linear import onednn_float32_pays, onednn_runs
+from tether.models.linear import onednn_float32_pays, onednn_linear, onednn_runs
 
 PACK_MIN_HIDDEN = 512
 # Repack for a new row count only when at least this many steps remain (a pack of the small model's
@@ -71,7 +71,7 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.serves(x.shape[0]):
-            return F.linear(x, self.weight, self.bias)
+            return onednn_linear(x, self.weight, self.bias)
         if self.rows:
             return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, self.rows)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

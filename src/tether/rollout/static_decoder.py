@@ -153,13 +153,15 @@ def cache_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 class StaticDecoder:
     """Decode steps for one batch: buffers of shape (layers, B, kv_heads, capacity, head_dim).
 
-    ``cache`` is the model's cache after the prefill (keys already rotated), ``mask`` the (B, width)
-    0/1 padding mask of the prompt, ``steps`` how many tokens will be decoded at most. ``capacity``
+    ``cache`` is the model's cache after an ordinary prefill forward (keys already rotated), or None for
+    buffers that :meth:`prefill` fills; ``mask`` is the (B, width) 0/1 padding mask of the prompts (left
+    padding), ``steps`` how many tokens will be decoded at most. ``capacity``
     (columns, at least width + steps) leaves room for sequences put into finished rows later
     (:meth:`insert`, continuous batching); :meth:`make_room` drops columns no live row attends to.
     """
 
-    def __init__(self, model: Any, cache: Any, mask: torch.Tensor, steps: int, capacity: int | None = None) -> None:
+    def __init__(self, model: Any, cache: Any | None, mask: torch.Tensor, steps: int,
+                 capacity: int | None = None) -> None:
         cfg = model.config
         self.model = model
         self.heads = cfg.num_attention_heads
@@ -171,17 +173,17 @@ class StaticDecoder:
         self.scale = self.head_dim ** -0.5
         self.final_norm = model.model.norm.weight
         batch, width = mask.shape
-        first = cache.layers[0].keys
+        weight = model.lm_head.weight
         columns = max(capacity or 0, width + steps)
         shape = (len(self.layers), batch, self.kv_heads, columns, self.head_dim)
-        dtype = cache_dtype(first.dtype, first.device)
-        self.keys = torch.empty(shape, dtype=dtype, device=first.device)
-        self.values = torch.empty(shape, dtype=dtype, device=first.device)
-        for i, layer in enumerate(cache.layers):
+        dtype = cache_dtype(weight.dtype, weight.device)
+        self.keys = torch.empty(shape, dtype=dtype, device=weight.device)
+        self.values = torch.empty(shape, dtype=dtype, device=weight.device)
+        for i, layer in enumerate(cache.layers if cache is not None else ()):
             self.keys[i, :, :, :width].copy_(layer.keys[..., self.order])
             self.values[i, :, :, :width].copy_(layer.values)
         self.length = width
-        bias = torch.zeros((batch, 1, 1, columns), dtype=dtype, device=first.device)
+        bias = torch.zeros((batch, 1, 1, columns), dtype=dtype, device=weight.device)
         bias[:, 0, 0, :width].masked_fill_(mask == 0, torch.finfo(dtype).min)
         self.bias = bias
         self.start = width - mask.sum(-1).long()  # per row, the first column it attends to
@@ -190,6 +192,62 @@ class StaticDecoder:
         self.remaining = steps  # decode steps the running rows may still take
         self.packs = packing_pays(self.layers[0].qkv.weight, cfg.hidden_size)
         self.packed_rows = 0  # the batch size the projections were last prepared for
+
+    def prefill(self, prompts: list[list[int]], group: int = 1) -> torch.Tensor:
+        """Run the prompts (the batch's ``B`` rows, in groups of ``group`` identical ones) through the model
+        into the buffers, and return the last position's logits (B, V) in float32.
+
+        Only one prompt per group is computed and only its real tokens: the projections, norms and MLP
+        multiply the ``N`` tokens of the distinct prompts, packed as one (N, H) matrix, instead of a
+        left-padded (B, width, H) batch, and attention runs per prompt (the padded (prompts, heads, width,
+        width) layout, as a padded forward does) with the keys rotated straight into their columns."""
+        unique = prompts[::group]
+        device, dtype = self.keys.device, self.keys.dtype
+        width = self.length
+        lengths = torch.tensor([len(p) for p in unique], device=device)
+        if int(lengths.max()) > width:
+            raise ValueError(f"a prompt of {int(lengths.max())} tokens does not fit {width} columns")
+        tokens = torch.tensor([t for p in unique for t in p], device=device)
+        prompt = torch.repeat_interleave(torch.arange(len(unique), device=device), lengths)  # (N,)
+        ends = lengths.cumsum(0)
+        position = torch.arange(len(tokens), device=device) - (ends - lengths)[prompt]
+        column = width - lengths[prompt] + position
+        hidden = self.model.model.embed_tokens(tokens)  # (N, H)
+        cos, sin = self.model.model.rotary_emb(hidden[None], position[None])  # (1, N, D)
+        half = self.head_dim // 2
+        rotation = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())[:, None]  # (N, 1, D / 2)
+        rotation_q = rotation * self.scale
+        columns = torch.arange(width, device=device)
+        first = (width - lengths)[:, None, None, None]  # (P, 1, 1, 1): each prompt's first column
+        # causal within the prompt; a padding column's query sees itself only (its output is never read)
+        allowed = (columns[None, :] <= columns[:, None]) & ((columns[None, :] >= first) | torch.eye(
+            width, dtype=torch.bool, device=device))  # (P, 1, width, width)
+        padded = (len(unique), width, self.heads, self.head_dim)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
+            qkv = layer.qkv(x)
+            q = hidden.new_zeros(padded, dtype=dtype)
+            keys = hidden.new_zeros((*padded[:2], self.kv_heads, self.head_dim), dtype=dtype)
+            values = torch.zeros_like(keys)
+            q[prompt, column] = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q,
+                                        dtype=dtype)
+            keys[prompt, column] = _rotate(qkv[:, q_size : q_size + kv_size].unflatten(
+                -1, (self.kv_heads, self.head_dim)), rotation, dtype=dtype)
+            values[prompt, column] = qkv[:, q_size + kv_size :].unflatten(-1, (self.kv_heads, self.head_dim)).to(dtype)
+            keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # (P, kv_heads, width, D)
+            attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=allowed, scale=1.0,
+                                                  enable_gqa=self.heads != self.kv_heads)
+            self.keys[i, :, :, :width] = keys.repeat_interleave(group, 0) if group > 1 else keys
+            self.values[i, :, :, :width] = values.repeat_interleave(group, 0) if group > 1 else values
+            attn = attn.transpose(1, 2)[prompt, column]  # (N, heads, D)
+            hidden = hidden + layer.o(attn.reshape(len(tokens), q_size).to(hidden.dtype))
+            x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate).mul_(up))
+        hidden = F.rms_norm(hidden[ends - 1], (hidden.shape[-1],), self.final_norm, self.eps)
+        logits = self.model.lm_head(hidden).float()
+        return logits.repeat_interleave(group, 0) if group > 1 else logits
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the batch rows ``keep`` (indices into the current batch)."""
