@@ -17,8 +17,9 @@ module, over key / value buffers allocated once for the whole decode:
   ``baddbmm`` (scores plus the additive padding mask, built once), softmax and ``bmm``;
 - each step writes one column of the buffers in place; dropping finished rows is one index select.
 
-Only the decode steps run here; the prompt's prefill is an ordinary model forward, whose cache is
-copied into the buffers. :func:`supports` decides whether a model qualifies (plain Llama-style
+The prompts' prefill runs here too (:meth:`StaticDecoder.prefill`): their real tokens only, packed into one
+matrix through the projections, attention per prompt, keys rotated straight into the buffers; a cache from
+an ordinary model forward can be copied in instead (continuous batching does). :func:`supports` decides whether a model qualifies (plain Llama-style
 modules, no adapters, no sliding window, no biases beyond q/k/v); anything else keeps the generic
 path. Tests check that greedy decoding gives the same tokens and logits as the generic path.
 """
