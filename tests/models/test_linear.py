@@ -146,7 +146,7 @@ def test_the_engine_prefills_on_onednn_and_decodes_the_same_greedy_tokens(onednn
     monkeypatch.setattr(linear, "_onednn_beats_mkl", lambda: True)
     calls = counting(monkeypatch)
     rollout = HFEngine(model, tokenizer).generate(prompts, params)
-    assert calls and calls[0][:2] == (2, max(len(p) for p in prompts))  # the left-padded prompts
+    assert calls and tuple(calls[0]) == (sum(len(p) for p in prompts), 512)  # the prompts' real tokens, packed
     assert rollout.completion_ids == expected.completion_ids
     for mine, reference in zip(rollout.completion_logprobs, expected.completion_logprobs, strict=True):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=1e-4)
@@ -179,3 +179,10 @@ def test_cpuinfo_fields_are_matched_by_their_whole_key(tmp_path, monkeypatch):
     assert linear.cpuinfo_field("stepping") == ""
     monkeypatch.setattr(linear, "CPUINFO", tmp_path / "absent")
     assert linear.cpuinfo_field("vendor_id") == ""
+
+
+def test_float32_decode_packs_use_onednn_on_every_amd_processor(monkeypatch):
+    """oneDNN's float32 pack beat MKL's on AMD processors with and without AVX-512; Intel keeps MKL's."""
+    for vendor, expected in (("AuthenticAMD", True), ("HygonGenuine", True), ("GenuineIntel", False), ("", False)):
+        monkeypatch.setattr(linear, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert linear.onednn_packs_float32.__wrapped__() == (expected and linear.onednn_runs(torch.float32))

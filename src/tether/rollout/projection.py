@@ -8,25 +8,26 @@ CPU, the engine at batch 64 (32 new tokens, median of 5 alternating runs): the s
 1.20x faster in float32, 1.10x in bfloat16, packing 21 / 15 ms per ``generate`` batch; the tiny model
 (hidden 128) 0.95x, so packing is left to models whose hidden size is at least :data:`PACK_MIN_HIDDEN`.
 
-On processors where oneDNN's float32 product beats MKL's (AMD, :func:`~tether.models.linear.onednn_float32_pays`)
-the float32 weight is packed in oneDNN's layout instead: MKL's pack gained nothing there (the small model's
+On AMD (and Hygon) processors (:func:`~tether.models.linear.onednn_packs_float32`) the float32 weight is
+packed in oneDNN's layout instead: MKL's pack gained nothing there (AVX-512 Zen 4: the small model's
 512 -> 1536 projection at 64 rows 617 us plain, 614 packed by MKL, 455 packed by oneDNN; 512 -> 2816: 1138,
-1209, 860; 1408 -> 512: 587, 623, 449; AMD EPYC, 2 threads, 2026-12-06).
+1209, 860; 1408 -> 512: 587, 623, 449. AVX2 Zen 3, all 8 layers' projections of one step: 32.8 ms plain,
+34.1 packed by MKL, 26.2 packed by oneDNN; 2 threads, 2026-12-06).
 
 MKL's packed float32 GEMM is tied to the row count it was packed for: when the batch changes (finished
 rows dropped) the weight is packed again for the new count, or, with few steps left, multiplied plainly.
 oneDNN's bfloat16 layout serves any row count. Everything else (CUDA, float16, a build without MKL or
 oneDNN, bfloat16 on a processor whose instructions oneDNN's bfloat16 kernels lack, such as an AVX2-only
 one: :func:`~tether.models.linear.onednn_runs`) and unpacked weights run
-:func:`~tether.models.linear.onednn_linear` (``F.linear``, or oneDNN's plain product where float32 pays). Packed products agree with ``F.linear``
-to float rounding (bfloat16: identical in the tests).
+:func:`~tether.models.linear.onednn_linear` (``F.linear``, or oneDNN's plain product where float32 pays).
+Packed products agree with ``F.linear`` to float rounding (bfloat16: identical in the tests).
 """
 
 from __future__ import annotations
 
 import torch
 
-from tether.models.linear import onednn_float32_pays, onednn_linear, onednn_runs
+from tether.models.linear import onednn_linear, onednn_packs_float32, onednn_runs
 
 PACK_MIN_HIDDEN = 512
 # Repack for a new row count only when at least this many steps remain (a pack of the small model's
@@ -43,7 +44,7 @@ def packing_pays(weight: torch.Tensor, hidden_size: int) -> bool:
     if weight.device.type != "cpu" or hidden_size < PACK_MIN_HIDDEN:
         return False
     if weight.dtype == torch.float32:
-        return onednn_float32_pays(weight) or _mkl_available()
+        return onednn_packs_float32() or _mkl_available()
     return weight.dtype == torch.bfloat16 and onednn_runs(torch.bfloat16)
 
 
@@ -56,7 +57,7 @@ class Projection:
         self.rows = 0  # the row count MKL's float32 pack serves (0: any, oneDNN)
 
     def pack(self, rows: int) -> None:
-        if self.weight.dtype == torch.float32 and not onednn_float32_pays(self.weight):
+        if self.weight.dtype == torch.float32 and not onednn_packs_float32():
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
             self.rows = rows
         else:
