@@ -40,6 +40,19 @@ def test_bf16_mixed_loss_matches_float32_to_bfloat16_rounding(tmp_path):
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in mixed.model.parameters())
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_mixed_on_a_cpu_without_bfloat16_instructions_warns(tmp_path, monkeypatch, caplog, native):
+    """Emulated bfloat16 products are several times slower than float32: one warning line says so."""
+    from tether.trainers import loop
+
+    monkeypatch.setattr(loop, "cpu_multiplies_bfloat16", lambda: native)
+    with caplog.at_level("WARNING", logger="tether.trainers.loop"):
+        sft(tmp_path, "bf16-mixed", 1)
+        sft(tmp_path, "fp32", 1)
+    warned = [r.getMessage() for r in caplog.records if "bfloat16 matrix instructions" in r.getMessage()]
+    assert len(warned) == (0 if native else 1) and all("bf16-mixed" in m and "fp32" in m for m in warned)
+
+
 def test_bf16_mixed_sft_learns_and_keeps_float32_state(tmp_path):
     trainer = sft(tmp_path, "bf16-mixed", 30)
     trainer.train()

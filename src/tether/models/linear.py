@@ -23,6 +23,7 @@ not reproduce an Intel processor's bit for bit, which no float32 GEMM choice wou
 from __future__ import annotations
 
 import functools
+import platform
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,16 @@ def cpu_vendor() -> str:
 def onednn_available() -> bool:
     """Whether this PyTorch build carries oneDNN's linear kernel (``torch.ops.mkldnn._linear_pointwise``)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def cpu_multiplies_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 matrix instructions (x86 AVX-512 BF16 or AMX; Arm's BF16 extension, which
+    oneDNN's bfloat16 kernels report there). Without them PyTorch emulates bfloat16 products: on an AVX2 AMD
+    EPYC (Zen 3, 2 threads) 18-21 GFLOP/s against 150-168 in float32 for the small model's shapes."""
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return True
+    return platform.machine().lower() in ("arm64", "aarch64") and onednn_runs(torch.bfloat16)
 
 
 @functools.cache

@@ -38,7 +38,7 @@ from tether.config.common import StageConfig
 from tether.data.files import write_json_atomic
 from tether.evaluation import evaluate_task, paired_gains
 from tether.models.attention import training_autocast
-from tether.models.linear import onednn_linears
+from tether.models.linear import cpu_multiplies_bfloat16, onednn_linears
 from tether.models.loading import disable_dropout, own_trainable_weights
 from tether.trainers import checkpoint as ckpt
 from tether.trainers import parallel
@@ -134,6 +134,10 @@ class Trainer:
         off = dropout == "off" or (dropout == "auto" and self.compares_frozen_passes)
         if off and (disabled := disable_dropout(model)):
             log.info("%s: %d dropout rates set to 0 (train.dropout: %s)", self.stage, disabled, dropout)
+        if config.train.precision == "bf16-mixed" and self.device.type == "cpu" and not cpu_multiplies_bfloat16():
+            log.warning("%s: train.precision bf16-mixed on a CPU without bfloat16 matrix instructions (AVX-512 BF16, "
+                        "AMX or Arm BF16): its bfloat16 products are emulated, several times slower than float32; "
+                        "use train.precision fp32 here", self.stage)
         if self.dist.is_main:  # a read-only or full output directory fails here, not at the first checkpoint
             ckpt.check_output_dir(self.run_dir, need_bytes=checkpoint_bytes(model))
         self.optimizer = build_optimizer(model, config.optim, parts=self.optimizer_parts())
