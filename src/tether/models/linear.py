@@ -67,7 +67,8 @@ def cpu_multiplies_bfloat16() -> bool:
     """Whether this CPU has bfloat16 matrix instructions (x86 AVX-512 BF16 or AMX; Arm's BF16 extension, which
     oneDNN's bfloat16 kernels report there). Without them PyTorch emulates bfloat16 products: on an AVX2 AMD
     EPYC (Zen 3, 2 threads) 18-21 GFLOP/s against 150-168 in float32 for the small model's shapes."""
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+    if any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
+                                                                    "_is_amx_tile_supported")):
         return True
     return platform.machine().lower() in ("arm64", "aarch64") and onednn_runs(torch.bfloat16)
 
@@ -84,7 +85,7 @@ def onednn_runs(dtype: torch.dtype) -> bool:
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=dtype), 4)
         torch.ops.mkldnn._linear_pointwise(torch.ones(4, 8, dtype=dtype), packed, None, "none", [], "")
-    except RuntimeError:
+    except (RuntimeError, AttributeError):  # refused here, or a build without the prepacking op
         return False
     return True
 
