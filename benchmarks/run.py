@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads as wl
 
-from tether.models.linear import cpuinfo_field, onednn_runs
+from tether.models.linear import cpu_multiplies_bfloat16, cpuinfo_field, onednn_runs
 from tether.models.tiny import save_tiny
 
 WORKLOADS = ("sft", "dpo", "grpo", "grpo_beta0", "generation", "generation_fixed")
@@ -265,7 +265,8 @@ def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
              f"{meta.get('prefix_sharing', 'true')}) vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
              f"{meta['threads']} thread(s), {meta['date']}; median of {meta['runs']} alternating runs (min-max). "
              f"load: other processes' CPU use (cores) before / during / after the row; rows over {LOADED_CORES} are marked "
-             "UNDER LOAD.", "",
+             "UNDER LOAD." + (" bfloat16 products are emulated on this CPU (no bfloat16 matrix instructions): its "
+                              "bf16 rows measure the emulation." if meta.get("bfloat16_emulated") else ""), "",
              "| precision | workload | model | metric | tether | TRL / baseline | ratio | over own fp32 | same work "
              "| load |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -354,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be >= 1")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
+    bfloat16_emulated = "bf16-mixed" in args.precisions and not cpu_multiplies_bfloat16()
+    if bfloat16_emulated:
+        print("warning: this CPU has no bfloat16 matrix instructions; bf16 rows measure emulated products",
+              file=sys.stderr, flush=True)
     rows: list[dict] = []
     mfus: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -378,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_model()}, {os.cpu_count()} cores",
             "threads": args.threads, "runs": args.runs, "precisions": args.precisions, "torch": torch.__version__, "trl": trl.__version__,
             "tether": tether.__version__, "commit": commit(), "prefix_sharing": args.prefix_sharing,
-            "quick": args.quick, "seconds": time.perf_counter() - started}
+            "quick": args.quick, "bfloat16_emulated": bfloat16_emulated, "seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows, "mfu": mfus}, indent=1))
     table = markdown(rows, mfus, meta)

@@ -126,3 +126,6 @@ def test_markdown_names_the_cpu_and_the_ceiling_of_the_mfu_row():
     assert "Some CPU, 2 cores" in text
     assert "tether 50.0% (95.0 GFLOP/s), TRL 40.0%" in text
     assert "tether would be 2.50x TRL" in text  # 1 / TRL's MFU: all of the step in matmuls at the peak
+    assert "emulated" not in text
+    assert "bf16 rows measure the emulation" in run.markdown([], [mfu], {**meta, "bfloat16_emulated": True})
+    assert run.cpu_model().endswith(")")  # the family / model and PyTorch's vector level, e.g. "(..., AVX2)"
