@@ -9,8 +9,9 @@ than ``model.generate``:
 2. one prefill forward computes the KV cache and only the last position's logits
    (``logits_to_keep=1``); when a chunk holds whole groups of ``n`` samples the prefill runs on
    the distinct prompts and the cache is repeated ``n`` times. For models the static decoder
-   reproduces (:mod:`tether.rollout.static_decoder`), its own prefill replaces the forward: the distinct prompts' real tokens only,
-   packed into one matrix (no padding rows through the projections), written straight into its buffers;
+   reproduces (:mod:`tether.rollout.static_decoder`), its own prefill replaces the forward: the
+   distinct prompts' real tokens only, packed into one matrix (no padding rows through the
+   projections), written straight into its buffers;
 3. one forward per new token with the cache (the model's ``DynamicCache``; for long decodes its
    layers write in place into buffers allocated once, see :class:`PreallocatedLayer`); sampling
    applies temperature, top-k then top-p, with a seeded ``torch.Generator`` when ``params.seed`` is set;

@@ -19,9 +19,10 @@ module, over key / value buffers allocated once for the whole decode:
 
 The prompts' prefill runs here too (:meth:`StaticDecoder.prefill`): their real tokens only, packed into one
 matrix through the projections, attention per prompt, keys rotated straight into the buffers; a cache from
-an ordinary model forward can be copied in instead (continuous batching does). :func:`supports` decides whether a model qualifies (plain Llama-style
-modules, no adapters, no sliding window, no biases beyond q/k/v); anything else keeps the generic
-path. Tests check that greedy decoding gives the same tokens and logits as the generic path.
+an ordinary model forward can be copied in instead (continuous batching does). :func:`supports` decides
+whether a model qualifies (plain Llama-style modules, no adapters, no sliding window, no biases beyond
+q/k/v); anything else keeps the generic path. Tests check that greedy decoding gives the same tokens and
+logits as the generic path.
 """
 
 from __future__ import annotations
@@ -242,12 +243,8 @@ class StaticDecoder:
             self.keys[i, :, :, :width] = keys.repeat_interleave(group, 0) if group > 1 else keys
             self.values[i, :, :, :width] = values.repeat_interleave(group, 0) if group > 1 else values
             attn = attn.transpose(1, 2)[prompt, column]  # (N, heads, D)
-            hidden = hidden + layer.o(attn.reshape(len(tokens), q_size).to(hidden.dtype))
-            x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden = hidden + layer.down(F.silu(gate).mul_(up))
-        hidden = F.rms_norm(hidden[ends - 1], (hidden.shape[-1],), self.final_norm, self.eps)
-        logits = self.model.lm_head(hidden).float()
+            hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(len(tokens), q_size).to(hidden.dtype)))
+        logits = self._logits(hidden[ends - 1])
         return logits.repeat_interleave(group, 0) if group > 1 else logits
 
     def select(self, keep: torch.Tensor) -> None:
@@ -341,10 +338,16 @@ class StaticDecoder:
             values = self.values[i, :, :, first : t + 1].flatten(0, 1)
             scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), keys.transpose(1, 2))
             attn = torch.bmm(scores.softmax(-1), values)  # (B * kv_heads, groups, D)
-            hidden = hidden + layer.o(attn.reshape(batch, q_size).to(hidden.dtype))
-            x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden = hidden + layer.down(F.silu(gate).mul_(up))
+            hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(batch, q_size).to(hidden.dtype)))
         self.length = t + 1
-        hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
-        return self.model.lm_head(hidden).float()
+        return self._logits(hidden)
+
+    def _feed_forward(self, layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's second half: ``hidden + down(silu(gate) * up)`` of the post-attention RMSNorm."""
+        x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
+        gate, up = layer.gate_up(x).chunk(2, dim=-1)
+        return hidden + layer.down(F.silu(gate).mul_(up))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of the final RMSNorm of ``hidden`` (rows, H)."""
+        return self.model.lm_head(F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)).float()
