@@ -92,8 +92,7 @@ def onednn_runs(dtype: torch.dtype) -> bool:
 
 @functools.cache
 def _onednn_beats_mkl() -> bool:
-    return (onednn_available() and torch.backends.cpu.get_cpu_capability() == "AVX512"
-            and cpu_vendor() in _VENDORS_MKL_UNDERSERVES)
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and onednn_packs_float32()
 
 
 @functools.cache

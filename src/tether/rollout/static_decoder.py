@@ -240,8 +240,9 @@ class StaticDecoder:
             keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # (P, kv_heads, width, D)
             attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=allowed, scale=1.0,
                                                   enable_gqa=self.heads != self.kv_heads)
-            self.keys[i, :, :, :width] = keys.repeat_interleave(group, 0) if group > 1 else keys
-            self.values[i, :, :, :width] = values.repeat_interleave(group, 0) if group > 1 else values
+            # each prompt's keys / values to every row of its group, without a repeated copy first
+            self.keys[i, :, :, :width].unflatten(0, (-1, group)).copy_(keys[:, None])
+            self.values[i, :, :, :width].unflatten(0, (-1, group)).copy_(values[:, None])
             attn = attn.transpose(1, 2)[prompt, column]  # (N, heads, D)
             hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(len(tokens), q_size).to(hidden.dtype)))
         logits = self._logits(hidden[ends - 1])
