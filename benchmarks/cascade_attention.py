@@ -132,7 +132,7 @@ def time_trainer(args: argparse.Namespace) -> None:
     """Whole GRPO / DPO runs of ``benchmarks/run.py``'s sizes in each sharing mode, alternating."""
     spec = SPECS[args.model][args.trainer][0]
     run = {"grpo": wl.tether_grpo, "dpo": wl.tether_dpo}[args.trainer]
-    modes = {"plain": False, "shared-dense": True, "shared-cascade": "cascade"}
+    modes = {"plain": False, "shared-dense": "mask", "shared-cascade": "cascade"}
     times: dict[str, list[float]] = {name: [] for name in modes}
     last: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,8 @@ against the FLOP/s of a large matmul of the row's precision (float32, or bfloat1
 timed in the same process with the same threads.
 
 ``--prefix-sharing`` sets tether's prefix sharing in the DPO and GRPO rows (``data.prefix_sharing`` /
-``prefix_sharing``; default ``true``, the library's default: the dense prefix-sharing mask); TRL has none.
+``prefix_sharing``; default ``true``, the library's default: on a CPU cascade attention for GRPO's groups, the
+dense prefix-sharing mask for DPO's pairs); TRL has none.
 
 Writes the rows as JSON (``--out``), the same table as markdown next to it (``.md``), and prints it.
 ``--quick`` runs every workload once at a trivial size, sampling the load for 0.1 s around each row instead
@@ -292,7 +293,7 @@ def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-PREFIX_SHARING = {"true": True, "false": False, "auto": "auto", "cascade": "cascade"}
+PREFIX_SHARING = {"true": True, "false": False, "auto": "auto", "cascade": "cascade", "mask": "mask"}
 
 
 def cpu_model() -> str:

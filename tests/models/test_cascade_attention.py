@@ -14,6 +14,7 @@ from tether.models.cascade_attention import (
     cascade_attention,
     cascade_forward,
     cascade_layout,
+    cascade_pays,
     supports_cascade,
 )
 from tether.models.logprobs import completion_logprobs, pair_logprobs, token_logprobs
@@ -145,3 +146,28 @@ def test_an_unknown_sharing_mode_is_refused(model):
     with pytest.raises(ValueError, match="prefix_sharing must be"):
         token_logprobs(model, [[3, 4, 5]], first_targets=[1], groups=[0], row_tokens=16, pad_token_id=0,
                        prefix_sharing="dense")
+
+
+def test_cascade_pays_on_a_cpu_for_groups_of_more_than_two():
+    assert cascade_pays(torch.device("cpu"), 8) and cascade_pays("cpu", 2.5)
+    assert not cascade_pays("cpu", 2)  # preference pairs: the dense mask is faster (docs/performance.md)
+    assert not cascade_pays("cuda", 8) and not cascade_pays("meta", 8)  # no fused kernel: slower on a GPU
+
+
+@pytest.mark.parametrize(("sharing", "members", "expected"), [
+    (True, 4, "cascade"), (True, 2, "mask"), ("mask", 4, "mask"), ("cascade", 2, "cascade"), ("auto", 4, "mask"),
+])
+def test_the_default_sharing_picks_the_faster_attention(model, monkeypatch, sharing, members, expected):
+    routes = []
+    original_cascade, original_mask = logprobs_module.cascade_forward, PrefixPacked.model_inputs
+    monkeypatch.setattr(logprobs_module, "cascade_forward", lambda *a: routes.append("cascade") or original_cascade(*a))
+    monkeypatch.setattr(PrefixPacked, "model_inputs", lambda self, m: routes.append("mask") or original_mask(self, m))
+    monkeypatch.setattr(logprobs_module, "sharing_pays", lambda *a, **k: True)
+    prompt = [5, 6, 7, 8, 9, 10]
+    sequences = [prompt + [11 + k] * (k + 1) for k in range(members)]
+    logps, _, _ = token_logprobs(model, sequences, first_targets=[len(prompt)] * members, groups=[0] * members,
+                                 row_tokens=64, pad_token_id=0, prefix_sharing=sharing)
+    assert routes == [expected]
+    plain, _, _ = token_logprobs(model, sequences, first_targets=[len(prompt)] * members, groups=None, row_tokens=64,
+                                 pad_token_id=0)
+    torch.testing.assert_close(logps, plain, atol=2e-5, rtol=1e-5)

@@ -22,7 +22,7 @@ KEYS = {"mismatch/logprob_abs_diff_mean", "mismatch/logprob_abs_diff_max", "mism
         "mismatch/is_ratio_mean", "mismatch/is_ratio_max"}
 
 
-@pytest.mark.parametrize("share", [True, "cascade", False], ids=["prefix-shared", "cascade", "packed"])
+@pytest.mark.parametrize("share", ["mask", "cascade", False], ids=["dense-mask", "cascade", "packed"])
 @pytest.mark.parametrize("reuse", [1, 2], ids=["one-pass", "recomputed"])
 def test_fp32_hf_engine_has_no_mismatch(tmp_path, share, reuse):
     t = test_rl.trainer(tmp_path, test_rl.config(prefix_sharing=share, num_iterations=reuse))
@@ -32,7 +32,7 @@ def test_fp32_hf_engine_has_no_mismatch(tmp_path, share, reuse):
         assert float(m["mismatch/tokens"]) > 0
 
 
-@pytest.mark.parametrize("share", [True, "cascade", False], ids=["prefix-shared", "cascade", "packed"])
+@pytest.mark.parametrize("share", ["mask", "cascade", False], ids=["dense-mask", "cascade", "packed"])
 def test_agent_episodes_have_no_mismatch_and_observations_no_sampler_logprob(tmp_path, share):
     t = test_agent.trainer(tmp_path, test_agent.config(prefix_sharing=share,
                                                        train={"max_steps": 2, "batch_size": 2, "progress": False}))

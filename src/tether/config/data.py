@@ -199,9 +199,9 @@ class PreferenceDataConfig(PairDataConfig):
 
     split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
                                                  "undesirable")
-    prefix_sharing: bool | Literal["auto", "cascade"] = Field(
+    prefix_sharing: bool | Literal["auto", "cascade", "mask"] = Field(
         True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at "
-                          "least) go through the model once (sdpa / eager attention; others ignore it); auto: "
-                          "only where a cost model says it is cheaper; cascade: always, with cascade attention "
-                          "instead of a dense row mask (transformers models; pays on long prompts, not on short "
-                          "pairs: docs/performance.md)")
+                          "least) go through the model once (sdpa / eager attention; others ignore it), under "
+                          "a dense row mask (true / mask); auto: only where a cost model says it is cheaper; "
+                          "cascade: with cascade attention instead (transformers models; pays on long prompts, "
+                          "not on short pairs: docs/performance.md)")

@@ -275,12 +275,12 @@ class RLConfig(StageConfig):
     mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
     micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
     row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: bool | Literal["auto", "cascade"] = Field(
-        True, description="the update forward computes a prompt shared by a group's completions once (sdpa / "
-                          "eager attention; others ignore it); auto: only where a cost model says it is cheaper "
-                          "(not on narrow models with short prompts); cascade: always, with cascade attention "
-                          "instead of a dense row mask (transformers models; faster than the mask on GRPO groups "
-                          "and long prompts, see docs/performance.md)")
+    prefix_sharing: bool | Literal["auto", "cascade", "mask"] = Field(
+        True, description="the update forward computes a prompt shared by a group's completions once "
+                          "(transformers models with sdpa / eager attention; others ignore it): on a CPU with "
+                          "cascade attention for groups of more than two, else under a dense row mask; "
+                          "cascade / mask: always that attention; auto: the mask only where a cost model says "
+                          "sharing is cheaper than not (docs/performance.md)")
     sample_every: int = Field(10, ge=1, description="write sample completions every this many steps")
 
     @model_validator(mode="after")

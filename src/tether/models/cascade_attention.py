@@ -149,6 +149,15 @@ def supports_cascade(model: torch.nn.Module) -> bool:
     return bool(backend) and hasattr(config, "_attn_implementation")
 
 
+def cascade_pays(device: torch.device, members_per_group: float) -> bool:
+    """Whether cascade attention beats the dense row mask (the default ``prefix_sharing: true`` asks): on a
+    CPU for groups of more than two sequences. Measured (``benchmarks/cascade_attention.py``, docs/performance.md):
+    whole GRPO runs (groups of 8) 1.2-1.3x faster than the dense mask on both built-in sizes, while DPO's
+    pairs run 3-5% slower (the gathers and the many small attention calls cost more than a pair's masked
+    block); on a GPU, without a fused kernel, cascade is slower than the dense mask at these sizes."""
+    return torch.device(device).type == "cpu" and members_per_group > 2
+
+
 def cascade_inputs(packed: PrefixPacked) -> dict[str, Any]:
     """``model(**...)`` arguments for a cascade forward of ``packed`` (no mask: the layout replaces it)."""
     return {"input_ids": packed.input_ids, "position_ids": packed.position_ids,

@@ -35,12 +35,14 @@ from tether.data.prefix_sharing import (
     supports_custom_masks,
 )
 from tether.data.tokenize import TokenizedExample
-from tether.models.cascade_attention import cascade_forward, supports_cascade
+from tether.models.cascade_attention import cascade_forward, cascade_pays, supports_cascade
 from tether.models.reward_model import layout_sequences
 
-PrefixSharing = bool | Literal["auto", "cascade"]
-"""How a group's common prefix is computed: once under a dense row mask (True), only where that is
-cheaper (``"auto"``, :func:`~tether.data.prefix_sharing.sharing_pays`), once with cascade attention
+PrefixSharing = bool | Literal["auto", "cascade", "mask"]
+"""How a group's common prefix is computed: once, by the attention that is faster on the device (True:
+cascade attention where :func:`~tether.models.cascade_attention.cascade_pays`, else the dense row mask),
+once under the dense row mask (``"mask"``), under the mask only where that is cheaper than not sharing
+(``"auto"``, :func:`~tether.data.prefix_sharing.sharing_pays`), once with cascade attention
 (``"cascade"``, :mod:`tether.models.cascade_attention`), or not shared (False)."""
 
 
@@ -97,9 +99,11 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     first = torch.as_tensor(list(first_targets), dtype=torch.long)
     if bool((first < 1).any()) or bool((first > lengths).any()):
         raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
-    if prefix_sharing not in (True, False, "auto", "cascade"):
-        raise ValueError(f"prefix_sharing must be true, false, 'auto' or 'cascade', not {prefix_sharing!r}")
-    cascade = groups is not None and prefix_sharing == "cascade" and supports_cascade(model)
+    if prefix_sharing not in (True, False, "auto", "cascade", "mask"):
+        raise ValueError(f"prefix_sharing must be true, false, 'auto', 'cascade' or 'mask', not {prefix_sharing!r}")
+    cascade = (groups is not None and supports_cascade(model)
+               and (prefix_sharing == "cascade"
+                    or (prefix_sharing is True and cascade_pays(device, len(groups) / len(set(groups))))))
     masked = (groups is not None and prefix_sharing is not False and not cascade and supports_custom_masks(model)
               and (prefix_sharing != "auto"
                    or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model))))
@@ -145,11 +149,11 @@ def token_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     ``logps[i, j] = log π(x_t | x_<t) / temperature-scaled`` for ``t = first_targets[i] + j`` where
     ``valid[i, j]``, 0 elsewhere; ``entropy[i, j]`` the entropy of the distribution x_t was drawn
     from (with ``with_entropy``; gradients only with ``entropy_grad``). Sequences with the same
-    ``groups`` id share their common prefix as ``prefix_sharing`` says (:data:`PrefixSharing`): under a
-    dense row mask when the model takes custom masks (with ``"auto"`` only when :func:`sharing_pays`),
-    or with ``"cascade"`` by cascade attention when the model dispatches attention through transformers'
-    ``AttentionInterface`` (else under the dense mask); otherwise (or with ``groups=None``) they are packed
-    side by side.
+    ``groups`` id share their common prefix as ``prefix_sharing`` says (:data:`PrefixSharing`): by cascade
+    attention (``"cascade"``, or True where :func:`~tether.models.cascade_attention.cascade_pays`) when the
+    model dispatches attention through transformers' ``AttentionInterface``, else under a dense row mask
+    when the model takes custom masks (with ``"auto"`` only when :func:`sharing_pays`); otherwise (or with
+    ``groups=None``) they are packed side by side.
     """
     scored = scored_forward(model, sequences, first_targets=first_targets, groups=groups, row_tokens=row_tokens,
                             pad_token_id=pad_token_id, prefix_sharing=prefix_sharing)
@@ -164,8 +168,8 @@ def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], comple
     """Per-token log-probs (and entropies) of each completion given its prompt, shape (N, C).
 
     The prompt+completion sequences are packed; with ``share_prompts`` the completions of one prompt
-    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`);
-    ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`);
+    (a group) share it, so it goes through the model once (:mod:`tether.data.prefix_sharing`), by the
+    attention :data:`PrefixSharing` names; ``"auto"``: only where that is cheaper than plain packing (:func:`~tether.data.prefix_sharing.sharing_pays`);
     ``"cascade"``: always, with cascade attention (:mod:`tether.models.cascade_attention`).
     Position j of row i scores ``completions[i][j]``; positions past a completion's length are 0.
     """
