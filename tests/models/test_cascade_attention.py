@@ -171,3 +171,40 @@ def test_the_default_sharing_picks_the_faster_attention(model, monkeypatch, shar
     plain, _, _ = token_logprobs(model, sequences, first_targets=[len(prompt)] * members, groups=None, row_tokens=64,
                                  pad_token_id=0)
     torch.testing.assert_close(logps, plain, atol=2e-5, rtol=1e-5)
+
+
+def tiny_gemma2(softcap):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=softcap,
+                          query_pre_attn_scalar=8, attn_implementation="eager")
+    torch.manual_seed(0)
+    return Gemma2ForCausalLM(config).eval()
+
+
+def test_models_whose_attention_is_not_plain_softmax_share_under_the_dense_mask(model):
+    gemma = tiny_gemma2(softcap=0.5)  # a small cap, so dropping it would move the logits a lot
+    assert not supports_cascade(gemma) and supports_cascade(tiny_gemma2(softcap=None))
+    sink = model.model.layers[0].self_attn
+    sink.sinks = torch.nn.Parameter(torch.zeros(4))
+    try:
+        assert not supports_cascade(model)  # attention sinks (gpt-oss)
+    finally:
+        del sink.sinks
+    assert supports_cascade(model)
+    prompts = [[5, 6, 7, 8]] * 3 + [[9, 10]] * 3
+    completions = [[14, 15], [14, 16, 17], [18], [19, 20, 21], [22, 23], [24]]
+    with torch.no_grad():
+        shared, _ = completion_logprobs(gemma, prompts, completions, temperature=1.0, row_tokens=32,
+                                        pad_token_id=0, share_prompts="cascade")
+        plain, _ = completion_logprobs(gemma, prompts, completions, temperature=1.0, row_tokens=32,
+                                       pad_token_id=0, share_prompts=False)
+    torch.testing.assert_close(shared, plain, atol=2e-5, rtol=1e-5)
+
+
+def test_cascade_attention_refuses_soft_capping_it_would_drop(model):
+    sequences, groups = groups_of_sequences()
+    layout = cascade_layout(pack_prefix_groups(sequences, groups, row_tokens=64, pad_token_id=0))
+    q = torch.randn(1, 4, layout.shape[0] * layout.shape[1], 8)
+    with pytest.raises(ValueError, match="prefix_sharing: mask"):
+        cascade_attention(model.model.layers[0].self_attn, q, q, q, None, cascade=layout, softcap=30.0)

@@ -35,6 +35,9 @@ from tether.data.prefix_sharing import PrefixPacked
 from tether.models.attention import attention_implementation, matmul_attention, matmul_attention_pays
 
 CASCADE_ATTENTION = "tether_cascade"
+UNSUPPORTED_ATTENTION_ARGUMENTS = ("softcap", "s_aux")
+"""What some attention layers pass beyond plain softmax attention (Gemma 2's logit soft-capping, gpt-oss's
+attention sinks): cascade attention would drop it, so those models share under the dense mask."""
 
 
 @dataclass
@@ -120,6 +123,10 @@ def cascade_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if cascade is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    for name in UNSUPPORTED_ATTENTION_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"cascade attention does not apply {name} (logit soft-capping / attention sinks); "
+                             "use prefix_sharing: mask for this model")
     options = {"scale": scaling, "dropout_p": dropout if module.training else 0.0,
                "enable_gqa": query.shape[1] != key.shape[1]}
     heads, dim = query.shape[1], query.shape[3]
@@ -143,10 +150,15 @@ AttentionInterface.register(CASCADE_ATTENTION, cascade_attention)
 
 def supports_cascade(model: torch.nn.Module) -> bool:
     """Whether ``model`` runs its attention through transformers' ``AttentionInterface`` (so the cascade
-    layout reaches every layer): a transformers model that declares it, with an unwrapped config."""
+    layout reaches every layer) as plain softmax attention: a transformers model that declares it, with an
+    unwrapped config, and without logit soft-capping (Gemma 2) or attention sinks (gpt-oss)."""
     config = getattr(model, "config", None)
-    backend = getattr(getattr(model, "get_base_model", lambda: model)(), "_supports_attention_backend", False)
-    return bool(backend) and hasattr(config, "_attn_implementation")
+    base = getattr(model, "get_base_model", lambda: model)()
+    if not (getattr(base, "_supports_attention_backend", False) and hasattr(config, "_attn_implementation")):
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return not getattr(text, "attn_logit_softcapping", None) and not any(
+        getattr(m, "sinks", None) is not None for m in base.modules())
 
 
 def cascade_pays(device: torch.device, members_per_group: float) -> bool:
