@@ -28,7 +28,12 @@ def test_one_routed_grpo_step(tmp_path):
     assert "reward/reasoning/accuracy/mean" in metrics and "reward/general/judge/mean" in metrics
     assert metrics["reward/general/judge/none"] == 0.0  # the rule judge scores every general answer
     assert -1.0 <= metrics["reward/general/judge/mean"] <= 1.0  # normalised judge score
-    # the policy moves exactly when some group's rewards differ (with 2 samples a group, whether any does
-    # depends on the draws, which differ between processors: on some, every group ties and nothing moves)
-    moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert moved == bool(metrics["advantage/frac_zero_std_groups"] < 1)
+    # the policy moves when some group's rewards differ; with 2 samples a group, whether any does depends on
+    # the draws, which differ between processors. Where every group ties, the advantages are exactly 0 and
+    # what is left is the KL term (grpo: beta 0.04) between the policy and the reference forward, identical
+    # models whose log-probs differ only by kernel rounding (grad mode against inference mode): float noise.
+    change = max(float((a - b).abs().max()) for a, b in zip(before, model.parameters(), strict=True))
+    if metrics["advantage/frac_zero_std_groups"] < 1:
+        assert change > 1e-5
+    else:
+        assert metrics["advantage/advantage_abs_max"] == 0 and float(metrics["grad_norm"]) < 1e-6
