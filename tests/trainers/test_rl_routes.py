@@ -1,6 +1,5 @@
 """One GRPO step on mixed prompts (arithmetic: reasoning, secret: general) with rewards routed by kind."""
 
-
 from tether.config.rl import GRPOConfig
 from tether.models import build_tiny
 from tether.trainers.rl import RLTrainer
