@@ -6,7 +6,7 @@
 The same workloads and sizes as ``run.py``, one run per side with the profiler (recording shapes) over
 exactly the region ``run.py`` times (the ``train()`` call, or the decode repeats after the warm-up).
 Per side: the seconds of the ``train()`` call (or of the decode loop), the time in matrix products
-(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``: self CPU time, and their FLOPs from their input
+(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``, oneDNN's ``mkldnn::_linear_pointwise``: self CPU time, and their FLOPs from their input
 shapes), the time in fused attention (``scaled_dot_product_*``) and the rest (element-wise
 kernels, the optimiser, Python). The profiler's own overhead inflates every figure, so read shares
 and FLOPs here and speeds in ``run.py``.
@@ -42,7 +42,9 @@ from run import METRICS, SPECS, parse_selection, run_once
 
 from tether.models.tiny import save_tiny
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+"""Matrix products as the profiler names them; ``mkldnn::_linear_pointwise`` is oneDNN's linear, which tether's
+float32 layers use on AMD AVX-512 processors (``tether.models.linear``)."""
 # float32 targets of the performance issue; bf16-mixed: 2x TRL in bf16 on the small model
 BF16_TARGETS = {("small", "sft"): 2.0, ("small", "dpo"): 2.0, ("small", "grpo"): 2.0}
 TARGETS = {("tiny", "sft"): 2.0, ("tiny", "dpo"): 2.0, ("tiny", "grpo"): 2.0, ("small", "sft"): 1.3,
@@ -52,6 +54,9 @@ TARGETS = {("tiny", "sft"): 2.0, ("tiny", "dpo"): 2.0, ("tiny", "grpo"): 2.0, ("
 
 def matmul_flops_of(op: str, shapes: list[list[int]]) -> float:
     """2 * M * K * N (times the batch) of one matrix product from its input shapes."""
+    if op == "mkldnn::_linear_pointwise":  # x (M, K) times a weight (N, K): 2 M K N; a prepacked weight has no shape
+        x, weight = shapes[0], shapes[1]
+        return 2.0 * x[0] * x[1] * weight[0] if len(x) == 2 and len(weight) == 2 else 0.0
     a, b = (shapes[1], shapes[2]) if op in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
     batch = a[0] if len(a) == 3 else 1
     return 2.0 * batch * a[-2] * a[-1] * b[-1]

@@ -68,6 +68,8 @@ def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
     assert module.matmul_flops_of("aten::mm", [[2, 3], [3, 4]]) == 2 * 2 * 3 * 4
     assert module.matmul_flops_of("aten::addmm", [[4], [2, 3], [3, 4]]) == 2 * 2 * 3 * 4
     assert module.matmul_flops_of("aten::bmm", [[5, 2, 3], [5, 3, 4]]) == 5 * 2 * 2 * 3 * 4
+    assert module.matmul_flops_of("mkldnn::_linear_pointwise", [[2, 3], [4, 3], [], [], [], []]) == 2 * 2 * 3 * 4
+    assert module.matmul_flops_of("mkldnn::_linear_pointwise", [[2, 3], [], [], [], [], []]) == 0  # prepacked
     out = tmp_path / "profile.json"
     # one precision: bf16-mixed runs the same profiling code (the benchmark's quick test runs both precisions)
     run_script("profile_ops.py", "--quick", "--models", "tiny", "--workloads", "sft,generation_fixed", "--threads",
