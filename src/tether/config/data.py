@@ -20,6 +20,11 @@ from tether.config.common import TaskSource, TaskSpec
 PREFERENCE_ERRORS = ("slip", "dropped_carry", "answer")  # tether.tasks.preferences.ERRORS
 
 
+PrefixSharingMode = bool | Literal["auto", "cascade", "mask"]
+PREFIX_SHARING_MODES = ("mask / cascade: always the dense row mask / cascade attention (transformers models with "
+                        "sdpa / eager attention; others ignore sharing); auto: the mask only where a cost model "
+                        "says sharing is cheaper than not; false: off (docs/performance.md)")
+
 class MixSource(StrictModel):
     """One source of a data mix: a file or a task, loaded and validated as a single ``data`` source is, and its
     weight (its share of every epoch is ``weight`` over the sum of the weights)."""
@@ -199,9 +204,6 @@ class PreferenceDataConfig(PairDataConfig):
 
     split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
                                                  "undesirable")
-    prefix_sharing: bool | Literal["auto", "cascade", "mask"] = Field(
-        True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at "
-                          "least) go through the model once (sdpa / eager attention; others ignore it), under "
-                          "a dense row mask (true / mask); auto: only where a cost model says it is cheaper; "
-                          "cascade: with cascade attention instead (transformers models; pays on long prompts, "
-                          "not on short pairs: docs/performance.md)")
+    prefix_sharing: PrefixSharingMode = Field(
+        True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at least) go "
+                          "through the model once, under a dense row mask (true); " + PREFIX_SHARING_MODES)

@@ -14,7 +14,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from tether.config.base import StrictModel, deep_merge, known_name
 from tether.config.common import StageConfig, TaskSource
-from tether.config.data import PromptDataConfig
+from tether.config.data import PREFIX_SHARING_MODES, PrefixSharingMode, PromptDataConfig
 from tether.config.rewards import RewardRoutes, RewardSpec
 from tether.config.sampling import SamplingConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
@@ -275,12 +275,10 @@ class RLConfig(StageConfig):
     mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
     micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
     row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: bool | Literal["auto", "cascade", "mask"] = Field(
-        True, description="the update forward computes a prompt shared by a group's completions once "
-                          "(transformers models with sdpa / eager attention; others ignore it): on a CPU with "
-                          "cascade attention for groups of more than two, else under a dense row mask; "
-                          "cascade / mask: always that attention; auto: the mask only where a cost model says "
-                          "sharing is cheaper than not (docs/performance.md)")
+    prefix_sharing: PrefixSharingMode = Field(
+        True, description="the update forward computes a prompt shared by a group's completions once; true: on a CPU "
+                          "by cascade attention for groups of more than two, else under a dense row mask; "
+                          + PREFIX_SHARING_MODES)
     sample_every: int = Field(10, ge=1, description="write sample completions every this many steps")
 
     @model_validator(mode="after")
