@@ -17,7 +17,7 @@ all alike; the median and best of ``--repeats`` are printed, with the logits' la
 logits' largest difference from ``plain`` is then the check that cascade attention is right there.
 
 With ``--trainer grpo|dpo`` it times whole training runs instead: the GRPO / DPO workloads of
-``benchmarks/run.py`` (arithmetic, same sizes) with ``prefix_sharing`` false, true and cascade,
+``benchmarks/run.py`` (arithmetic, same sizes) with ``prefix_sharing`` false, mask and cascade,
 alternating, printing the median wall time of ``train()`` and the last loss (or reward) of each.
 
     python benchmarks/cascade_attention.py --trainer grpo [--model tiny] [--repeats 5]
