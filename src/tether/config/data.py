@@ -20,7 +20,12 @@ from tether.config.common import TaskSource, TaskSpec
 PREFERENCE_ERRORS = ("slip", "dropped_carry", "answer")  # tether.tasks.preferences.ERRORS
 
 
-PrefixSharingMode = bool | Literal["auto", "cascade", "mask"]
+PrefixSharing = bool | Literal["auto", "cascade", "mask"]
+"""How a group's common prefix is computed: once, by the attention that is faster on the device (True:
+cascade attention where ``tether.models.cascade_attention.cascade_pays``, else the dense row mask),
+once under the dense row mask (``"mask"``), under the mask only where that is cheaper than not sharing
+(``"auto"``, ``tether.data.prefix_sharing.sharing_pays``), once with cascade attention
+(``"cascade"``, ``tether.models.cascade_attention``), or not shared (False)."""
 PREFIX_SHARING_MODES = ("mask / cascade: always the dense row mask / cascade attention (transformers models with "
                         "sdpa / eager attention; others ignore sharing); auto: the mask only where a cost model "
                         "says sharing is cheaper than not; false: off (docs/performance.md)")
@@ -204,6 +209,6 @@ class PreferenceDataConfig(PairDataConfig):
 
     split_pairs: bool = Field(False, description="KTO on preference pairs: chosen -> desirable, rejected -> "
                                                  "undesirable")
-    prefix_sharing: PrefixSharingMode = Field(
+    prefix_sharing: PrefixSharing = Field(
         True, description="with packing: the tokens a pair's chosen and rejected start with (the prompt, at least) go "
                           "through the model once, under a dense row mask (true); " + PREFIX_SHARING_MODES)

@@ -14,7 +14,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from tether.config.base import StrictModel, deep_merge, known_name
 from tether.config.common import StageConfig, TaskSource
-from tether.config.data import PREFIX_SHARING_MODES, PrefixSharingMode, PromptDataConfig
+from tether.config.data import PREFIX_SHARING_MODES, PrefixSharing, PromptDataConfig
 from tether.config.rewards import RewardRoutes, RewardSpec
 from tether.config.sampling import SamplingConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
@@ -275,7 +275,7 @@ class RLConfig(StageConfig):
     mini_batches: int = Field(1, ge=1, description="optimiser steps per pass over a rollout batch")
     micro_batch_size: int | None = Field(None, ge=1, description="samples per forward/backward")
     row_tokens: int = Field(1024, ge=16, description="tokens per packed row in the update forward")
-    prefix_sharing: PrefixSharingMode = Field(
+    prefix_sharing: PrefixSharing = Field(
         True, description="the update forward computes a prompt shared by a group's completions once; true: on a CPU "
                           "by cascade attention for groups of more than two, else under a dense row mask; "
                           + PREFIX_SHARING_MODES)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from tether.config.data import PrefixSharing
 from tether.core.logprobs import entropy_from_logits, selective_log_softmax, sequence_logprobs
 from tether.core.preference import PreferenceInputs, wpo_weights
 from tether.core.token_preference import position_kl
@@ -37,13 +37,6 @@ from tether.data.prefix_sharing import (
 from tether.data.tokenize import TokenizedExample
 from tether.models.cascade_attention import cascade_forward, cascade_pays, supports_cascade
 from tether.models.reward_model import layout_sequences
-
-PrefixSharing = bool | Literal["auto", "cascade", "mask"]
-"""How a group's common prefix is computed: once, by the attention that is faster on the device (True:
-cascade attention where :func:`~tether.models.cascade_attention.cascade_pays`, else the dense row mask),
-once under the dense row mask (``"mask"``), under the mask only where that is cheaper than not sharing
-(``"auto"``, :func:`~tether.data.prefix_sharing.sharing_pays`), once with cascade attention
-(``"cascade"``, :mod:`tether.models.cascade_attention`), or not shared (False)."""
 
 
 @dataclass
@@ -101,9 +94,10 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
         raise ValueError("first_targets must lie in [1, len(sequence)]: the first token has no prediction")
     if prefix_sharing not in (True, False, "auto", "cascade", "mask"):
         raise ValueError(f"prefix_sharing must be true, false, 'auto', 'cascade' or 'mask', not {prefix_sharing!r}")
-    cascade = (groups is not None and supports_cascade(model)
+    cascade = (groups is not None
                and (prefix_sharing == "cascade"
-                    or (prefix_sharing is True and cascade_pays(device, len(groups) / len(set(groups))))))
+                    or (prefix_sharing is True and cascade_pays(device, len(groups) / len(set(groups)))))
+               and supports_cascade(model))
     masked = (groups is not None and prefix_sharing is not False and not cascade and supports_custom_masks(model)
               and (prefix_sharing != "auto"
                    or sharing_pays(sequences, groups, row_tokens=row_tokens, pair_cost=attention_pair_cost(model))))

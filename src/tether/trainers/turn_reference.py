@@ -16,12 +16,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from tether.config.data import PrefixSharing
 from tether.core.logprobs import sequence_logprobs
 from tether.core.preference import PreferenceInputs
 from tether.core.turn_preference import turn_sums
 from tether.data.pairs import PairExample
 from tether.data.schedule import chunks
-from tether.models.logprobs import PrefixSharing, pair_logprobs
+from tether.models.logprobs import pair_logprobs
 
 
 def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
