@@ -29,7 +29,8 @@ def test_one_routed_grpo_step(tmp_path):
     # the policy moves when some group's rewards differ; with 2 samples a group, whether any does depends on
     # the draws, which differ between processors. Where every group ties, the advantages are exactly 0 and
     # what is left is the KL term (grpo: beta 0.04) between the policy and the reference forward, identical
-    # models whose log-probs differ only by kernel rounding (grad mode against inference mode): float noise.
+    # weights whose log-probs differ only by rounding (the update packs its shuffled rows, the reference pass
+    # the rollout's order, so rows hold other sequences): float noise.
     change = max(float((a - b).abs().max()) for a, b in zip(before, model.parameters(), strict=True))
     if metrics["advantage/frac_zero_std_groups"] < 1:
         assert change > 1e-5
