@@ -238,6 +238,51 @@ def test_wide_models_keep_their_tokens_when_rows_finish_or_are_refilled(tokenize
         assert onednn_float32 == (9 not in packed_for)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotation_table_holds_the_rotary_modules_own_values(dtype):
+    """A step looks its rotations up in a table the rotary module filled once: bitwise the values a call per
+    step gives (the module's cos / sin are element-wise in the position), growing when a position passes it."""
+    model = _arch("llama-gqa").to(dtype)
+    decoder = static_decoder.StaticDecoder(model, None, torch.ones((3, 4), dtype=torch.long), steps=2)
+    assert decoder.tabulated
+    positions = torch.tensor([0, 5, 3])
+    keys, queries = decoder._rotations(positions, 6, dtype)
+    assert decoder.rotations[0].shape[0] == 6
+    direct_keys, direct_queries = decoder._rotate_positions(positions, dtype)
+    assert keys.shape == (3, 1, decoder.head_dim // 2) and keys.dtype == torch.complex64
+    assert torch.equal(keys, direct_keys) and torch.equal(queries, direct_queries)
+    cos, sin = model.model.rotary_emb(torch.empty((), dtype=dtype), torch.tensor([[5]]))
+    half = decoder.head_dim // 2
+    assert torch.equal(keys[1, 0].real, cos[0, 0, :half].float())
+    assert torch.equal(keys[1, 0].imag, sin[0, 0, :half].float())
+    assert torch.equal(queries, keys * decoder.scale)
+    far = torch.tensor([40])
+    assert torch.equal(decoder._rotations(far, 41, dtype)[0], decoder._rotate_positions(far, dtype)[0])
+    assert decoder.rotations[0].shape[0] == 41  # grown to the bound asked for (at least double the old size)
+
+
+def test_a_length_dependent_rotary_is_computed_per_step(tokenizer):
+    """``dynamic`` rotary scaling rescales with the sequence length, so no table: every step calls the module."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=109, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=16, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2,
+                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    model = LlamaForCausalLM(config).eval()
+    assert static_decoder.supports(model, 40)
+    decoder = static_decoder.StaticDecoder(model, None, torch.ones((1, 4), dtype=torch.long), steps=2)
+    assert not decoder.tabulated
+    decoder._rotations(torch.tensor([3]), 4, torch.float32)
+    assert decoder.rotations is None
+    prompts = _prompts(tokenizer, 3)
+    params = SamplingParams(greedy=True, max_new_tokens=24)
+    fast = HFEngine(model, tokenizer).generate(prompts, params)
+    slow = HFEngine(model, tokenizer, static=False).generate(prompts, params)
+    assert fast.completion_ids == slow.completion_ids
+    for a, b in zip(fast.completion_logprobs, slow.completion_logprobs, strict=True):  # a table: 4.6e-4 apart
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
 def test_a_16_bit_model_on_a_cpu_attends_over_a_float32_cache():
     """bfloat16 products copy a strided key / value window first on a CPU; the cache is float32 there."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

@@ -67,6 +67,13 @@ def supports(model: Any, total_length: int) -> bool:
     return _rotary_pairs_share_an_angle(model)
 
 
+def _rotation_is_static(model: Any) -> bool:
+    """Whether the model's rotary angles depend on the position alone (not on the sequence length, as
+    ``dynamic`` and ``longrope`` scaling do), so that one table serves every step."""
+    rope_type = str(getattr(model.model.rotary_emb, "rope_type", "default"))
+    return "dynamic" not in rope_type and rope_type != "longrope"
+
+
 def _rotary_pairs_share_an_angle(model: Any) -> bool:
     """The complex-multiply rotation needs dimensions i and i + head_dim / 2 rotated by one angle (Hugging
     Face's ``rotate_half`` layout, every rope type of these models): checked on a probe."""
@@ -194,6 +201,8 @@ class StaticDecoder:
         self.remaining = steps  # decode steps the running rows may still take
         self.packs = packing_pays(self.layers[0].qkv.weight, cfg.hidden_size)
         self.packed_rows = 0  # the batch size the projections were last prepared for
+        self.tabulated = _rotation_is_static(model)
+        self.rotations: tuple[torch.Tensor, torch.Tensor] | None = None  # (positions, 1, D / 2) for k and q
 
     def prefill(self, prompts: list[list[int]], group: int = 1) -> torch.Tensor:
         """Run the prompts (the batch's ``B`` rows, in groups of ``group`` identical ones) through the model
@@ -215,10 +224,7 @@ class StaticDecoder:
         position = torch.arange(len(tokens), device=device) - (ends - lengths)[prompt]
         column = width - lengths[prompt] + position
         hidden = self.model.model.embed_tokens(tokens)  # (N, H)
-        cos, sin = self.model.model.rotary_emb(hidden[None], position[None])  # (1, N, D)
-        half = self.head_dim // 2
-        rotation = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())[:, None]  # (N, 1, D / 2)
-        rotation_q = rotation * self.scale
+        rotation, rotation_q = self._rotations(position, width, hidden.dtype)  # (N, 1, D / 2)
         columns = torch.arange(width, device=device)
         first = (width - lengths)[:, None, None, None]  # (P, 1, 1, 1): each prompt's first column
         # causal within the prompt; a padding column's query sees itself only (its output is never read)
@@ -316,11 +322,8 @@ class StaticDecoder:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) for the next token after feeding ``tokens`` (B,) at ``positions`` (B,)."""
         hidden = self.model.model.embed_tokens(tokens)  # (B, H)
-        cos, sin = self.model.model.rotary_emb(hidden[:, None], positions[:, None])  # (B, 1, D)
-        half = self.head_dim // 2
-        rotation = torch.complex(cos[..., :half].float(), sin[..., :half].float())  # (B, 1, D / 2)
-        rotation_q = rotation * self.scale
         t, first = self.length, self.first
+        rotation, rotation_q = self._rotations(positions, t + 1, hidden.dtype)  # (B, 1, D / 2)
         batch, width = tokens.shape[0], t + 1 - first
         if self.packs and batch != self.packed_rows:
             self._pack(batch)
@@ -342,6 +345,32 @@ class StaticDecoder:
             hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(batch, q_size).to(hidden.dtype)))
         self.length = t + 1
         return self._logits(hidden)
+
+    def _rotations(self, positions: torch.Tensor, bound: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary rotations of ``positions`` (any shape, every one below ``bound``) as complex numbers of
+        shape (*positions.shape, 1, D / 2): for keys, and for queries with the attention scale folded in.
+
+        The model's rotary module computes cos and sin element-wise in the position, so it runs once for a
+        table of every position below ``bound`` (doubled when a later call needs more) and each step looks
+        its rows up: the same values as a call per step, without the module's per-call work (about a
+        tenth of a tiny-model step). A rotary type that rescales with the sequence length (``dynamic``,
+        ``longrope``) is computed per call."""
+        if not self.tabulated:
+            return self._rotate_positions(positions, dtype)
+        if self.rotations is None or self.rotations[0].shape[0] < bound:
+            size = max(bound, 2 * (0 if self.rotations is None else self.rotations[0].shape[0]))
+            self.rotations = self._rotate_positions(torch.arange(size, device=positions.device), dtype)
+        keys, queries = self.rotations
+        return keys[positions], queries[positions]
+
+    def _rotate_positions(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions`` (any shape) through the model's rotary module: (*shape, 1, D / 2) for keys and queries."""
+        probe = torch.empty((), dtype=dtype, device=positions.device)
+        cos, sin = self.model.model.rotary_emb(probe, positions.reshape(1, -1))  # (1, n, D)
+        half = self.head_dim // 2
+        rotation = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
+        rotation = rotation.reshape(*positions.shape, 1, half)
+        return rotation, rotation * self.scale
 
     def _feed_forward(self, layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's second half: ``hidden + down(silu(gate) * up)`` of the post-attention RMSNorm."""
