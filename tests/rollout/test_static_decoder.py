@@ -283,6 +283,19 @@ def test_a_length_dependent_rotary_is_computed_per_step(tokenizer):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(64, 128), (64, 512), (3, 7, 64), (5, 100)])
+def test_the_decoders_rms_norm_is_bitwise_torchs(shape):
+    torch.manual_seed(0)
+    x, weight = torch.randn(*shape) * 3, torch.randn(shape[-1])
+    constants = (torch.tensor(float(shape[-1])), torch.tensor(1e-5))
+    expected = F.rms_norm(x, (shape[-1],), weight, 1e-5)
+    assert torch.equal(static_decoder.rms_norm(x, weight, 1e-5, constants), expected)
+    assert torch.equal(static_decoder.rms_norm(x, weight, 1e-5), expected)  # no constants: F.rms_norm itself
+    low = x.bfloat16()  # other dtypes: F.rms_norm
+    assert torch.equal(static_decoder.rms_norm(low, weight.bfloat16(), 1e-5, constants),
+                       F.rms_norm(low, (shape[-1],), weight.bfloat16(), 1e-5))
+
+
 def test_a_16_bit_model_on_a_cpu_attends_over_a_float32_cache():
     """bfloat16 products copy a strided key / value window first on a CPU; the cache is float32 there."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

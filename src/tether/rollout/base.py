@@ -161,7 +161,7 @@ def sample_tokens(
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
-    scaled = logits / params.temperature
+    scaled = logits if params.temperature == 1.0 else logits / params.temperature  # x / 1 is x, bitwise
     logp = torch.log_softmax(scaled, dim=-1)
     filtered = None
     if 0 < params.top_k < scaled.shape[-1]:

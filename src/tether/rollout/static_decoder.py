@@ -13,8 +13,8 @@ module, over key / value buffers allocated once for the whole decode:
   once so that each rotated pair (i, i + head_dim / 2) sits side by side, and q . k is unchanged by
   the same reordering of both; the rotated k is written straight into its cache column, and q's
   rotation carries the attention scale;
-- RMSNorm is ``torch.nn.functional.rms_norm``; attention over the filled prefix of the buffers is
-  ``baddbmm`` (scores plus the additive padding mask, built once), softmax and ``bmm``;
+- RMSNorm is ``torch.nn.functional.rms_norm``'s arithmetic (:func:`rms_norm`); attention over the filled
+  prefix of the buffers is ``baddbmm`` (scores plus the additive padding mask, built once), softmax and ``bmm``;
 - each step writes one column of the buffers in place; dropping finished rows is one index select.
 
 The prompts' prefill runs here too (:meth:`StaticDecoder.prefill`): their real tokens only, packed into one
@@ -131,6 +131,21 @@ def _gather_layers(model: Any, heads: int, kv_heads: int, order: torch.Tensor) -
     return layers
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             constants: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """RMSNorm of ``x`` over its last dimension, scaled by ``weight``: ``F.rms_norm``'s values.
+
+    For float32 on a CPU, given ``constants`` (0-dim float32 tensors of the width and of ``eps`` on ``x``'s
+    device), the operations of ``F.rms_norm``'s CPU composite written out (``pow(x, 2)`` is ``x * x`` there,
+    ``mean`` a sum divided by the width): bitwise its result in 8 dispatches against its 24, which add
+    wrappers and a copy for each Python scalar (a decode step of the tiny model runs 9 norms). Anything
+    else goes to ``F.rms_norm``."""
+    if constants is None or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    mean_square = torch.mul(x, x).sum(-1, keepdim=True).div_(constants[0]).add_(constants[1])
+    return torch.mul(x, mean_square.rsqrt_()).mul_(weight)
+
+
 def _complex_pairs(x: torch.Tensor) -> torch.Tensor:
     """(..., D) with adjacent rotary pairs -> a complex view (..., D / 2) of the same memory."""
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
@@ -179,6 +194,8 @@ class StaticDecoder:
         self.order = pair_order(self.head_dim).to(model.lm_head.weight.device)
         self.layers = _gather_layers(model, self.heads, self.kv_heads, self.order)
         self.eps = cfg.rms_norm_eps
+        self.norm_constants = tuple(torch.tensor(float(c), device=model.lm_head.weight.device)
+                                    for c in (cfg.hidden_size, self.eps))
         self.scale = self.head_dim ** -0.5
         self.final_norm = model.model.norm.weight
         batch, width = mask.shape
@@ -233,7 +250,7 @@ class StaticDecoder:
         padded = (len(unique), width, self.heads, self.head_dim)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
+            x = rms_norm(hidden, layer.input_norm, self.eps, self.norm_constants)
             qkv = layer.qkv(x)
             q = hidden.new_zeros(padded, dtype=dtype)
             keys = hidden.new_zeros((*padded[:2], self.kv_heads, self.head_dim), dtype=dtype)
@@ -332,7 +349,7 @@ class StaticDecoder:
         bias = self.bias[..., first : t + 1].expand(batch, self.kv_heads, 1, width).reshape(-1, 1, width)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
+            x = rms_norm(hidden, layer.input_norm, self.eps, self.norm_constants)
             qkv = layer.qkv(x)
             q = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q, dtype=self.keys.dtype)
             _rotate(qkv[:, q_size : q_size + kv_size].unflatten(-1, (self.kv_heads, self.head_dim)), rotation,
@@ -374,10 +391,10 @@ class StaticDecoder:
 
     def _feed_forward(self, layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's second half: ``hidden + down(silu(gate) * up)`` of the post-attention RMSNorm."""
-        x = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
+        x = rms_norm(hidden, layer.post_norm, self.eps, self.norm_constants)
         gate, up = layer.gate_up(x).chunk(2, dim=-1)
         return hidden + layer.down(F.silu(gate).mul_(up))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the final RMSNorm of ``hidden`` (rows, H)."""
-        return self.model.lm_head(F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)).float()
+        return self.model.lm_head(rms_norm(hidden, self.final_norm, self.eps, self.norm_constants)).float()
