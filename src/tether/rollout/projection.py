@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from tether.models.linear import onednn_linear, onednn_packs_float32, onednn_runs
+from tether.models.linear import onednn_float32_pays, onednn_linear, onednn_packs_float32, onednn_runs
 
 PACK_MIN_HIDDEN = 512
 # Repack for a new row count only when at least this many steps remain (a pack of the small model's
@@ -55,6 +55,9 @@ class Projection:
         self.weight, self.bias = weight, bias
         self.packed: torch.Tensor | None = None
         self.rows = 0  # the row count MKL's float32 pack serves (0: any, oneDNN)
+        # unpacked and not on oneDNN: the product F.linear runs for a 2-D input (addmm with a bias, mm
+        # without), called directly on the transposed weight, without its per-call checks and dispatches
+        self.transposed = None if onednn_float32_pays(weight) else weight.t()
 
     def pack(self, rows: int) -> None:
         if self.weight.dtype == torch.float32 and not onednn_packs_float32():
@@ -72,6 +75,8 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.serves(x.shape[0]):
+            if self.transposed is not None and x.dim() == 2:
+                return torch.mm(x, self.transposed) if self.bias is None else torch.addmm(self.bias, x, self.transposed)
             return onednn_linear(x, self.weight, self.bias)
         if self.rows:
             return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, self.rows)
