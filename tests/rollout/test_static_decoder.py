@@ -161,6 +161,21 @@ def test_a_prepacked_projection_computes_the_linear_map(dtype, onednn_float32, m
     assert not layer.serves(5)
 
 
+@pytest.mark.parametrize("onednn_float32", [False, True])
+@pytest.mark.parametrize("width", [128, 512])
+def test_an_unpacked_projection_gives_f_linears_product_bitwise(width, onednn_float32, monkeypatch):
+    """Unpacked, a projection multiplies as F.linear does (its mm / addmm called directly on a transposed weight
+    where oneDNN does not take the product), with and without a bias."""
+    _processor(monkeypatch, amd=onednn_float32)
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, width), torch.randn(96), torch.randn(7, width)
+    for b in (None, bias):
+        layer = projection.Projection(weight, b)
+        assert (layer.transposed is None) == linear.onednn_float32_pays(weight)
+        assert torch.equal(layer(x), linear.onednn_linear(x, weight, b))
+        assert torch.equal(layer(x), F.linear(x, weight, b)) or linear.onednn_float32_pays(weight)
+
+
 def test_wide_models_decode_through_prepacked_weights_with_the_same_logits(tokenizer, monkeypatch):
     """The decoder packs its projections for the running batch, repacks when rows are dropped, multiplies
     plainly when too few steps remain to pay for a pack, and its logits stay those of plain products (MKL's
