@@ -25,7 +25,8 @@ EFFECTS = [
     ("self-rewarding", "self_rewarding", "gain/accuracy", "at least", 0.03, 0.0),  # +4.8 +- 1.5, [+1.1, +8.6]
     ("judge-arithmetic", "judge_eval", "synthetic/position_consistency", "at least", 0.85, 0.5),  # 91.0 +- 4.6%
     ("rest-arithmetic", "rest", "accuracy", "at least", 0.60, 0.35),  # 72.7 +- 11.4% (after SFT 41.7%)
-    ("agent-arithmetic", "grpo", "success", "at least", 0.65, 0.5),  # 73.0 +- 2.6% (after SFT 0%)
+    # 67.7 +- 20.9% [41.8, 93.6] over 5 seeds (after SFT 1.3%); one seed of five ends near 30%
+    ("agent-arithmetic", "grpo", "success", "at least", 0.45, 0.05, 5),
     ("code-tests", "grpo-pass8", "pass@8", "at least", 0.45, 0.0),  # 67.5 +- 21.0% (after SFT 53.3 +- 18.9%)
     ("r1-zero-arithmetic", "grpo", "gain/accuracy", "at least", 0.20, 0.0, 5),  # +31.6 +- 10.6, [+18.4, +44.7]
     ("d-rlaif", "grpo", "violation_rate", "at most", 0.10, 0.5),  # 4.9 +- 3.5% (after SFT 78.1%)
