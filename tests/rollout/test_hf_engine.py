@@ -413,3 +413,30 @@ def test_sampling_params_greedy_flag():
     assert SamplingParams(temperature=0).is_greedy
     assert SamplingParams(greedy=True, temperature=0.8).is_greedy
     assert not SamplingParams().is_greedy
+
+
+@pytest.mark.parametrize("shape", [(64, 108), (1, 5), (33, 1000)])
+def test_the_exponential_race_draws_multinomials_tokens_from_the_same_stream(shape):
+    """The sampler's draw is torch.multinomial's own algorithm: the same tokens and the generator left in the
+    same state, step after step, including rows with zero-probability entries."""
+    from tether.rollout.base import exponential_race
+
+    torch.manual_seed(0)
+    ours, theirs = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    for step in range(12):
+        probs = torch.softmax(torch.randn(*shape) * 3, -1)
+        if step % 4 == 0:
+            probs[:, : shape[1] // 2] = 0
+        expected = torch.multinomial(probs, 1, generator=theirs).squeeze(-1)
+        assert torch.equal(exponential_race(probs, ours), expected)
+    assert torch.equal(ours.get_state(), theirs.get_state())
+
+
+def test_the_exponential_race_refuses_a_diverged_distribution():
+    from tether.rollout.base import exponential_race
+
+    for bad in (float("nan"), float("inf")):
+        probs = torch.full((2, 4), 0.25)
+        probs[1, 2] = bad
+        with pytest.raises(RuntimeError, match="inf"):
+            exponential_race(probs)

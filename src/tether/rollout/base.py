@@ -175,5 +175,18 @@ def sample_tokens(
         sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
         filtered = torch.full_like(base, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logp.exp() if filtered is None else torch.softmax(filtered, dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = exponential_race(probs, generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of ``probs`` (B, V): ``argmax(p / q)`` with ``q ~ Exp(1)`` per entry, the race of
+    exponential clocks (the Gumbel-max trick, exponentiated) that ``torch.multinomial(probs, 1)`` itself runs.
+
+    The same draws from the same generator state, bitwise (tested), without ``multinomial``'s validity
+    checks, which cost two synchronisations and about ten dispatches per decode step; one check remains: a
+    row with a NaN or an infinity (a diverged model) raises as ``multinomial`` would."""
+    if not bool(torch.isfinite(probs.sum())):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    clocks = torch.empty_like(probs).exponential_(1, generator=generator)
+    return torch.div(probs, clocks, out=clocks).argmax(-1)

@@ -42,6 +42,7 @@ class Outputs:
         self.lengths = torch.full((count,), steps, dtype=torch.long, device=device)
         self.stopped = torch.zeros(count, dtype=torch.bool, device=device)
         self.eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
+        self.one_eos = self.eos[0].clone() if len(engine.eos_ids) == 1 else None  # 0-dim: one comparison
         self.stop_filter = engine._stop_filter(params.stop, vocab, device) if params.stop else None
 
     def accept(self, samples: torch.Tensor, produced: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor,
@@ -50,7 +51,7 @@ class Outputs:
         whose token is padding and changes nothing); bool per sample: it is done now."""
         self.tokens[samples, produced] = tok
         self.logprobs[samples, produced] = lp
-        stop = torch.isin(tok, self.eos)
+        stop = torch.isin(tok, self.eos) if self.one_eos is None else torch.eq(tok, self.one_eos)
         if finished is not None:
             stop &= ~finished
         if self.stop_filter is not None:

@@ -331,7 +331,7 @@ class HFEngine:
             cache = None
         for t in range(steps):
             tok, lp = sample_tokens(logits, params, generator)
-            tok = tok.masked_fill(done, self.pad_id)
+            tok.masked_fill_(done, self.pad_id)
             finished = out.accept(rows, torch.full_like(rows, t), tok, lp, done)
             if bool(finished.any()):
                 done |= finished

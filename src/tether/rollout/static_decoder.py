@@ -359,7 +359,9 @@ class StaticDecoder:
             values = self.values[i, :, :, first : t + 1].flatten(0, 1)
             scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), keys.transpose(1, 2))
             attn = torch.bmm(scores.softmax(-1), values)  # (B * kv_heads, groups, D)
-            hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(batch, q_size).to(hidden.dtype)))
+            attn = attn.reshape(batch, q_size)
+            attn = attn if attn.dtype == hidden.dtype else attn.to(hidden.dtype)
+            hidden = self._feed_forward(layer, hidden + layer.o(attn))
         self.length = t + 1
         return self._logits(hidden)
 
