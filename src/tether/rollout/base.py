@@ -17,6 +17,7 @@ What ``completion_logprobs`` means (the one definition every engine follows):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -186,7 +187,7 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     The same draws from the same generator state, bitwise (tested), without ``multinomial``'s validity
     checks, which cost two synchronisations and about ten dispatches per decode step; one check remains: a
     row with a NaN or an infinity (a diverged model) raises as ``multinomial`` would."""
-    if not bool(torch.isfinite(probs.sum())):
+    if not math.isfinite(probs.sum().item()):
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     clocks = torch.empty_like(probs).exponential_(1, generator=generator)
     return torch.div(probs, clocks, out=clocks).argmax(-1)

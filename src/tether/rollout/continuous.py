@@ -45,24 +45,30 @@ class Outputs:
         self.one_eos = self.eos[0].clone() if len(engine.eos_ids) == 1 else None  # 0-dim: one comparison
         self.stop_filter = engine._stop_filter(params.stop, vocab, device) if params.stop else None
 
-    def accept(self, samples: torch.Tensor, produced: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor,
+    def accept(self, samples: torch.Tensor, produced: torch.Tensor | int, tok: torch.Tensor, lp: torch.Tensor,
                finished: torch.Tensor | None = None) -> torch.Tensor:
-        """Record one new token per sample (``produced`` tokens before it; ``finished``: samples already done,
-        whose token is padding and changes nothing); bool per sample: it is done now."""
+        """Record one new token per sample (``produced`` tokens before it, per sample or one count for all;
+        ``finished``: samples already done, whose token is padding and changes nothing); bool per sample: it
+        is done now."""
         self.tokens[samples, produced] = tok
         self.logprobs[samples, produced] = lp
         stop = torch.isin(tok, self.eos) if self.one_eos is None else torch.eq(tok, self.one_eos)
-        if finished is not None:
-            stop &= ~finished
+        running = None if finished is None else ~finished
+        if running is not None:
+            stop &= running
         if self.stop_filter is not None:
             inactive = stop if finished is None else stop | finished
-            stop |= self.engine._match_stop(self.tokens, samples, produced, tok, inactive, self.stop_filter,
+            counts = produced if isinstance(produced, torch.Tensor) else torch.full_like(samples, produced)
+            stop |= self.engine._match_stop(self.tokens, samples, counts, tok, inactive, self.stop_filter,
                                             self.params.stop)
-        done = stop | (produced + 1 >= self.steps)
-        if finished is not None:
-            done &= ~finished
+        if isinstance(produced, torch.Tensor):
+            done = stop | (produced + 1 >= self.steps)
+        else:  # one count for every sample: the length limit is all or nothing
+            done = torch.ones_like(stop) if produced + 1 >= self.steps else stop.clone()
+        if running is not None:
+            done &= running
         if bool(done.any()):
-            self.lengths[samples[done]] = produced[done] + 1
+            self.lengths[samples[done]] = produced[done] + 1 if isinstance(produced, torch.Tensor) else produced + 1
             self.stopped[samples[stop]] = True
         return done
 

@@ -332,7 +332,7 @@ class HFEngine:
         for t in range(steps):
             tok, lp = sample_tokens(logits, params, generator)
             tok.masked_fill_(done, self.pad_id)
-            finished = out.accept(rows, torch.full_like(rows, t), tok, lp, done)
+            finished = out.accept(rows, t, tok, lp, done)
             if bool(finished.any()):
                 done |= finished
                 running = int((~done).sum())
