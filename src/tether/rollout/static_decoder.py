@@ -15,7 +15,8 @@ module, over key / value buffers allocated once for the whole decode:
   rotation carries the attention scale;
 - RMSNorm is ``torch.nn.functional.rms_norm``'s arithmetic (:func:`rms_norm`); attention over the filled
   prefix of the buffers is ``baddbmm`` (scores plus the additive padding mask, built once), softmax and ``bmm``;
-- each step writes one column of the buffers in place; dropping finished rows is one index select.
+- each step writes one column of the buffers in place, through views of every layer's column and attention
+  window taken once per step; dropping finished rows is one index select.
 
 The prompts' prefill runs here too (:meth:`StaticDecoder.prefill`): their real tokens only, packed into one
 matrix through the projections, attention per prompt, keys rotated straight into the buffers; a cache from
@@ -347,18 +348,24 @@ class StaticDecoder:
         self.remaining -= 1
         groups = self.heads // self.kv_heads
         bias = self.bias[..., first : t + 1].expand(batch, self.kv_heads, 1, width).reshape(-1, 1, width)
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q_size, heads = self.heads * self.head_dim, (self.heads, self.kv_heads, self.kv_heads)
+        # every layer's new column and attention window as views taken once per step, not once per layer
+        key_column, value_column = self.keys[:, :, :, t], self.values[:, :, :, t]  # (layers, B, kv_heads, D)
+        # float32 keys are rotated straight into the column's complex view (one view per step)
+        complex_keys = _complex_pairs(key_column) if hidden.dtype == key_column.dtype == torch.float32 else None
+        key_window = self.keys[:, :, :, first : t + 1].flatten(1, 2).transpose(2, 3)  # (layers, B * kv, D, width)
+        value_window = self.values[:, :, :, first : t + 1].flatten(1, 2)  # (layers, B * kv_heads, width, D)
         for i, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer.input_norm, self.eps, self.norm_constants)
-            qkv = layer.qkv(x)
-            q = _rotate(qkv[:, :q_size].unflatten(-1, (self.heads, self.head_dim)), rotation_q, dtype=self.keys.dtype)
-            _rotate(qkv[:, q_size : q_size + kv_size].unflatten(-1, (self.kv_heads, self.head_dim)), rotation,
-                    out=self.keys[i, :, :, t])
-            self.values[i, :, :, t] = qkv[:, q_size + kv_size :].unflatten(-1, (self.kv_heads, self.head_dim))
-            keys = self.keys[i, :, :, first : t + 1].flatten(0, 1)  # (B * kv_heads, width, D)
-            values = self.values[i, :, :, first : t + 1].flatten(0, 1)
-            scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), keys.transpose(1, 2))
-            attn = torch.bmm(scores.softmax(-1), values)  # (B * kv_heads, groups, D)
+            q, k, v = layer.qkv(x).unflatten(-1, (-1, self.head_dim)).split(heads, dim=1)
+            q = _rotate(q, rotation_q, dtype=self.keys.dtype)
+            if complex_keys is None:
+                _rotate(k, rotation, out=key_column[i])
+            else:
+                torch.mul(_complex_pairs(k), rotation, out=complex_keys[i])
+            value_column[i] = v
+            scores = torch.baddbmm(bias, q.reshape(-1, groups, self.head_dim), key_window[i])
+            attn = torch.bmm(scores.softmax(-1), value_window[i])  # (B * kv_heads, groups, D)
             attn = attn.reshape(batch, q_size)
             attn = attn if attn.dtype == hidden.dtype else attn.to(hidden.dtype)
             hidden = self._feed_forward(layer, hidden + layer.o(attn))
