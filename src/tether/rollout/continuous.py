@@ -52,23 +52,24 @@ class Outputs:
         is done now."""
         self.tokens[samples, produced] = tok
         self.logprobs[samples, produced] = lp
+        per_sample = isinstance(produced, torch.Tensor)
         stop = torch.isin(tok, self.eos) if self.one_eos is None else torch.eq(tok, self.one_eos)
         running = None if finished is None else ~finished
         if running is not None:
             stop &= running
         if self.stop_filter is not None:
             inactive = stop if finished is None else stop | finished
-            counts = produced if isinstance(produced, torch.Tensor) else torch.full_like(samples, produced)
+            counts = produced if per_sample else torch.full_like(samples, produced)
             stop |= self.engine._match_stop(self.tokens, samples, counts, tok, inactive, self.stop_filter,
                                             self.params.stop)
-        if isinstance(produced, torch.Tensor):
+        if per_sample:
             done = stop | (produced + 1 >= self.steps)
         else:  # one count for every sample: the length limit is all or nothing
             done = torch.ones_like(stop) if produced + 1 >= self.steps else stop.clone()
         if running is not None:
             done &= running
         if bool(done.any()):
-            self.lengths[samples[done]] = produced[done] + 1 if isinstance(produced, torch.Tensor) else produced + 1
+            self.lengths[samples[done]] = produced[done] + 1 if per_sample else produced + 1
             self.stopped[samples[stop]] = True
         return done
 

@@ -348,7 +348,7 @@ class StaticDecoder:
         self.remaining -= 1
         groups = self.heads // self.kv_heads
         bias = self.bias[..., first : t + 1].expand(batch, self.kv_heads, 1, width).reshape(-1, 1, width)
-        q_size, heads = self.heads * self.head_dim, (self.heads, self.kv_heads, self.kv_heads)
+        q_size, head_counts = self.heads * self.head_dim, (self.heads, self.kv_heads, self.kv_heads)  # q, k, v
         # every layer's new column and attention window as views taken once per step, not once per layer
         key_column, value_column = self.keys[:, :, :, t], self.values[:, :, :, t]  # (layers, B, kv_heads, D)
         # float32 keys are rotated straight into the column's complex view (one view per step)
@@ -357,7 +357,7 @@ class StaticDecoder:
         value_window = self.values[:, :, :, first : t + 1].flatten(1, 2)  # (layers, B * kv_heads, width, D)
         for i, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer.input_norm, self.eps, self.norm_constants)
-            q, k, v = layer.qkv(x).unflatten(-1, (-1, self.head_dim)).split(heads, dim=1)
+            q, k, v = layer.qkv(x).unflatten(-1, (-1, self.head_dim)).split(head_counts, dim=1)
             q = _rotate(q, rotation_q, dtype=self.keys.dtype)
             if complex_keys is None:
                 _rotate(k, rotation, out=key_column[i])
