@@ -218,9 +218,11 @@ def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int
     for metric in METRICS[workload]:
         rates = {n: [m.units[metric] / m.seconds for m in results[n]] for n in names}
         ours, theirs = statistics.median(rates[names[0]]), statistics.median(rates[names[1]])
+        paired = paired_ratios(rates[names[0]], rates[names[1]])
         row = {"workload": workload, "model": model, "precision": spec.precision, "metric": f"{metric}/s",
                "tether": ours, "trl": theirs, **load,
-               "ratio": ours / theirs, "runs": runs, "tether_min": min(rates[names[0]]),
+               "ratio": ours / theirs, "paired_ratios": paired, "paired_min": min(paired), "paired_max": max(paired),
+               "runs": runs, "tether_min": min(rates[names[0]]),
                "tether_max": max(rates[names[0]]), "trl_min": min(rates[names[1]]),
                "trl_max": max(rates[names[1]]), "baseline": names[1]}
         if not generation:
@@ -230,6 +232,15 @@ def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int
         rows[0]["_units"] = {n: [m.units for m in results[n]] for n in names}
         rows[0]["_seconds"] = {n: [m.seconds for m in results[n]] for n in names}
     return rows
+
+
+def paired_ratios(ours: list[float], theirs: list[float]) -> list[float]:
+    """Each run's ratio of the two rates (``ours[i] / theirs[i]``): run ``i`` of each library ran back to back,
+    so a pair shares the machine's state of that moment, and the spread of the pairs over the runs is the
+    spread of the row's ratio (the headline stays the ratio of the two medians)."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"paired ratios need one rate per run on each side, got {len(ours)} and {len(theirs)}")
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 def mfu_rows(rows: list[dict], model_dirs: dict[str, Path], peak: float, precision: str) -> dict | None:
@@ -257,6 +268,11 @@ def own_fp32_ratios(rows: list[dict]) -> None:
             r["over_own_fp32"] = r["tether"] / base
 
 
+def _pairs(row: dict) -> str:
+    """The spread of a row's per-run ratios, " (1.41-1.55)", where it has more than one run."""
+    return f" ({row['paired_min']:.2f}-{row['paired_max']:.2f})" if len(row.get("paired_ratios", ())) > 1 else ""
+
+
 def _num(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
@@ -264,7 +280,9 @@ def _num(x: float) -> str:
 def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
     lines = [f"tether {meta['tether']} (commit {meta.get('commit')}, prefix sharing "
              f"{meta.get('prefix_sharing', 'true')}) vs TRL {meta['trl']} (torch {meta['torch']}), {meta['machine']}, "
-             f"{meta['threads']} thread(s), {meta['date']}; median of {meta['runs']} alternating runs (min-max). "
+             f"{meta['threads']} thread(s), {meta['date']}; median of {meta['runs']} alternating runs (min-max); "
+             "ratio: of the two medians (in brackets the lowest and highest ratio of one run of each, run back to "
+             "back). "
              f"load: other processes' CPU use (cores) before / during / after the row; rows over {LOADED_CORES} are marked "
              "UNDER LOAD." + (" bfloat16 products are emulated on this CPU (no bfloat16 matrix instructions): its "
                               "bf16 rows measure the emulation." if meta.get("bfloat16_emulated") else ""), "",
@@ -281,7 +299,7 @@ def markdown(rows: list[dict], mfus: list[dict], meta: dict) -> str:
         load = f"{r['load_before']:.2f}{during} / {r['load_after']:.2f}" + (" UNDER LOAD" if r["under_load"] else "")
         lines.append(f"| {r['precision']} | {r['workload']} | {r['model']} | {r['metric']} | {_num(r['tether'])} "
                      f"({_num(r['tether_min'])}-{_num(r['tether_max'])}) | {_num(r['trl'])} "
-                     f"({_num(r['trl_min'])}-{_num(r['trl_max'])}){base} | **{r['ratio']:.2f}x** | {own} | {same} "
+                     f"({_num(r['trl_min'])}-{_num(r['trl_max'])}){base} | **{r['ratio']:.2f}x**{_pairs(r)} | {own} | {same} "
                      f"| {load} |")
     for mfu in mfus:
         kind = "float32" if mfu["precision"] == "fp32" else "bfloat16"

@@ -49,6 +49,8 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         assert row["model"] == "tiny" and row["runs"] == 1
         assert row["tether"] > 0 and row["trl"] > 0
         assert row["ratio"] == pytest.approx(row["tether"] / row["trl"])
+        assert row["paired_ratios"] == [pytest.approx(row["ratio"])]  # one run: its pair is the ratio
+        assert row["paired_min"] == row["paired_max"] == row["paired_ratios"][0]
         generation = row["workload"].startswith("generation")
         assert row["baseline"] == ("model.generate" if generation else "trl")
         if not generation:
@@ -131,3 +133,28 @@ def test_markdown_names_the_cpu_and_the_ceiling_of_the_mfu_row():
     assert "emulated" not in text
     assert "bf16 rows measure the emulation" in run.markdown([], [mfu], {**meta, "bfloat16_emulated": True})
     assert run.cpu_model().endswith(")")  # the family / model and PyTorch's vector level, e.g. "(..., AVX2)"
+
+
+def _run_module():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(BENCH))
+    return run
+
+
+def test_paired_ratios_divide_each_runs_rates_and_show_their_spread():
+    run = _run_module()
+    assert run.paired_ratios([30.0, 20.0, 45.0], [20.0, 20.0, 30.0]) == [1.5, 1.0, 1.5]
+    with pytest.raises(ValueError, match="one rate per run on each side, got 2 and 1"):
+        run.paired_ratios([1.0, 2.0], [1.0])
+    meta = {"tether": "x", "trl": "y", "torch": "z", "machine": "Some CPU, 2 cores", "threads": 2,
+            "date": "2026-12-07", "runs": 3}
+    row = {"precision": "fp32", "workload": "sft", "model": "tiny", "metric": "tokens/s", "tether": 30.0,
+           "tether_min": 20.0, "tether_max": 45.0, "trl": 20.0, "trl_min": 20.0, "trl_max": 30.0, "baseline": "trl",
+           "ratio": 1.5, "paired_ratios": [1.5, 1.0, 1.5], "paired_min": 1.0, "paired_max": 1.5,
+           "load_before": 0.0, "load_after": 0.0, "under_load": False}
+    assert "| **1.50x** (1.00-1.50) |" in run.markdown([row], [], meta)
+    single = {**row, "paired_ratios": [1.5], "paired_min": 1.5, "paired_max": 1.5}
+    assert "| **1.50x** |" in run.markdown([single], [], meta)  # one run: no spread to show
