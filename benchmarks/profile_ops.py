@@ -1,15 +1,15 @@
 """Where the time goes, tether against TRL (or ``model.generate``), under ``torch.profiler``.
 
     python benchmarks/profile_ops.py [--threads N] [--models tiny,small] [--workloads sft,dpo,...]
-                                 [--precisions fp32,bf16-mixed] [--out benchmarks/profile_ops.json] [--quick]
+                                 [--precisions fp32,bf16-mixed] [--top 8] [--out benchmarks/profile_ops.json] [--quick]
 
 The same workloads and sizes as ``run.py``, one run per side with the profiler (recording shapes) over
 exactly the region ``run.py`` times (the ``train()`` call, or the decode repeats after the warm-up).
 Per side: the seconds of the ``train()`` call (or of the decode loop), the time in matrix products
 (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``, oneDNN's ``mkldnn::_linear_pointwise``: self CPU time, and their FLOPs from their input
 shapes), the time in fused attention (``scaled_dot_product_*``) and the rest (element-wise
-kernels, the optimiser, Python). The profiler's own overhead inflates every figure, so read shares
-and FLOPs here and speeds in ``run.py``.
+kernels, the optimiser, Python), and the ``--top`` operators of each side by self CPU time. The profiler's own
+overhead inflates every figure, so read shares and FLOPs here and speeds in ``run.py``.
 
 The **ceiling** of a workload is the speed ratio tether would reach if it did nothing but its matrix
 products, at the baseline's matmul rate: (the baseline's matmul FLOPs per unit of work / tether's) /
@@ -62,8 +62,15 @@ def matmul_flops_of(op: str, shapes: list[list[int]]) -> float:
     return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
-def profiled(workload: str, name: str, model_dir: Path, spec, threads: int) -> dict:
-    """One run of ``workload`` by ``name`` under the profiler: seconds, matmul time / FLOPs, attention time."""
+def top_operators(events, n: int) -> list[dict]:
+    """The ``n`` operators with the most self CPU time (profiler events averaged by name), most first."""
+    ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[:n]
+    return [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6} for e in ranked]
+
+
+def profiled(workload: str, name: str, model_dir: Path, spec, threads: int, top: int = 0) -> dict:
+    """One run of ``workload`` by ``name`` under the profiler: seconds, matmul time / FLOPs, attention time, and
+    the ``top`` operators by self CPU time."""
     gc.collect()
     torch.set_num_threads(threads)
     # shapes, not with_flops: the profiler's FLOP formulas slow every element-wise op several-fold, which
@@ -83,13 +90,17 @@ def profiled(workload: str, name: str, model_dir: Path, spec, threads: int) -> d
     return {"seconds": seconds, "matmul_s": matmul_us / 1e6, "matmul_gflop": matmul_flops / 1e9,
             "attention_s": attention_us / 1e6,
             "other_s": max(seconds - (matmul_us + attention_us) / 1e6, 0.0),
-            "units": measurement.units}
+            "units": measurement.units, "top_ops": top_operators(events, top)}
 
 
 def ceiling(ours: dict, theirs: dict, unit: str) -> float:
     """(theirs' matmul FLOPs per unit / ours') / (theirs' matmul share of its time)."""
     per_unit = (theirs["matmul_gflop"] / theirs["units"][unit]) / max(ours["matmul_gflop"] / ours["units"][unit], 1e-12)
     return per_unit / max(theirs["matmul_s"] / theirs["seconds"], 1e-9)
+
+
+def _operator_cell(ops: list[dict], i: int) -> str:
+    return f"`{ops[i]['op']}` ({ops[i]['calls']}, {ops[i]['self_s']:.2f})" if i < len(ops) else ""
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
@@ -107,6 +118,15 @@ def markdown(rows: list[dict], meta: dict) -> str:
                          f"({p['matmul_s'] / p['seconds']:.0%}) | {p['matmul_gflop']:.1f} | "
                          f"{p['matmul_gflop'] / max(p['matmul_s'], 1e-9):.0f} | {p['attention_s']:.2f} | "
                          f"{p['other_s']:.2f} | {ceiling} |")
+    for r in rows:
+        sides = ("tether", r["baseline"])
+        if not any(r[side].get("top_ops") for side in sides):
+            continue
+        lines += ["", f"Top operators by self CPU time, {r['precision']} {r['workload']} {r['model']} (calls, seconds):", "",
+                  f"| tether | {r['baseline']} |", "|---|---|"]
+        ours, theirs = (r[side].get("top_ops", []) for side in sides)
+        for i in range(max(len(ours), len(theirs))):
+            lines.append(f"| {_operator_cell(ours, i)} | {_operator_cell(theirs, i)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -114,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/profile_ops.json"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=8, help="operators listed per side, by self CPU time")
     args = parse_selection(parser, argv)
+    if args.top < 0:
+        parser.error("--top must be >= 0")
     models, workloads = args.models, args.workloads
     threads = torch.get_num_threads()
     rows = []
@@ -126,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 baseline = "model.generate" if workload.startswith("generation") else "trl"
                 print(f"... {precision} {model} {workload}", file=sys.stderr, flush=True)
                 row = {"workload": workload, "model": model, "precision": precision, "baseline": baseline,
-                       "tether": profiled(workload, "tether", model_dirs[model], spec, args.threads),
-                       baseline: profiled(workload, baseline, model_dirs[model], spec, args.threads)}
+                       "tether": profiled(workload, "tether", model_dirs[model], spec, args.threads, args.top),
+                       baseline: profiled(workload, baseline, model_dirs[model], spec, args.threads, args.top)}
                 row["ceiling"] = ceiling(row["tether"], row[baseline], METRICS[workload][0])
                 targets = BF16_TARGETS if precision == "bf16-mixed" else TARGETS
                 row["target"] = targets.get((model, workload.removesuffix("_fixed").removesuffix("_beta0")))

@@ -75,7 +75,7 @@ def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
     out = tmp_path / "profile.json"
     # one precision: bf16-mixed runs the same profiling code (the benchmark's quick test runs both precisions)
     run_script("profile_ops.py", "--quick", "--models", "tiny", "--workloads", "sft,generation_fixed", "--threads",
-               "1", "--precisions", "fp32", "--out", str(out))
+               "1", "--precisions", "fp32", "--top", "3", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [(r["precision"], r["workload"], r["baseline"]) for r in rows] == [
         ("fp32", "sft", "trl"), ("fp32", "generation_fixed", "model.generate")]
@@ -85,7 +85,13 @@ def test_quick_profile_counts_the_same_matmul_flops_on_both_sides(tmp_path):
         # the profile is the evidence that both sides did the same matrix work
         assert ours["matmul_gflop"] == pytest.approx(theirs["matmul_gflop"], rel=0.25)
         assert row["ceiling"] > 0
-    assert out.with_suffix(".md").read_text().count("| tiny |") == 2 * len(rows)
+        for side in (ours, theirs):  # --top 3: the three operators with the most self time, most first
+            times = [op["self_s"] for op in side["top_ops"]]
+            assert len(times) == 3 and times == sorted(times, reverse=True) and all(op["calls"] > 0 for op in side["top_ops"])
+    text = out.with_suffix(".md").read_text()
+    assert text.count("| tiny |") == 2 * len(rows)
+    assert text.count("Top operators by self CPU time") == len(rows)
+    assert f"`{rows[0]['tether']['top_ops'][0]['op']}`" in text
 
 
 @pytest.mark.skipif(not hasattr(os, "waitid"), reason="waits for the burner without reaping it (POSIX waitid)")
