@@ -23,6 +23,11 @@ def test_parse_seeds():
     for bad in ("", "a", "1,1", "-1", "0"):
         with pytest.raises(ConfigError):
             parse_seeds(bad)
+    assert parse_seeds("0,") == [0]
+    with pytest.raises(ConfigError, match="count of no seeds; for seed 0 alone give the one-item list '0,'"):
+        parse_seeds("0")  # seed 0 or no seeds: the message says which it is and how to ask for seed 0
+    with pytest.raises(ConfigError, match="count of no seeds"):
+        parse_seeds(0)
 
 
 def test_aggregate_results_by_hand():

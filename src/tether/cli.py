@@ -147,7 +147,7 @@ def run_cmd(
     constitution: Annotated[str | None, typer.Option(
         "--constitution", help="constitution file (YAML or text) for the stages that sample principles")] = None,
     seeds: Annotated[str | None, typer.Option(
-        "--seeds", help="run once per seed into DIR/seed-K/ and summarise: a count (5) or a list (0,3,7)")] = None,
+        "--seeds", help="run once per seed into DIR/seed-K/ and summarise: a count (5) or a list (0,3,7; one seed: 3,)")] = None,
     parallel: Annotated[int, typer.Option("--parallel", help="with --seeds: seeds run at once")] = 1,
     deterministic: Annotated[bool, typer.Option(
         "--deterministic", help="also pin MKL's code path (bitwise reproducible at any thread count, slower) "

@@ -49,7 +49,10 @@ def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
         parts = [p.strip() for p in spec.split(",") if p.strip()]
         if not parts or not all(p.isdigit() for p in parts):
             raise ConfigError(f"--seeds takes a count (5) or a comma-separated list of seeds (0,3,7), got {spec!r}")
-        seeds = list(range(int(parts[0]))) if len(parts) == 1 and "," not in spec else [int(p) for p in parts]
+        count = len(parts) == 1 and "," not in spec
+        if count and int(parts[0]) == 0:
+            raise ConfigError("--seeds 0 is a count of no seeds; for seed 0 alone give the one-item list '0,'")
+        seeds = list(range(int(parts[0]))) if count else [int(p) for p in parts]
     else:
         seeds = list(spec)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
