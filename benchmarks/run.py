@@ -221,8 +221,7 @@ def measure(workload: str, model: str, model_dir: Path, spec: wl.Spec, runs: int
         paired = paired_ratios(rates[names[0]], rates[names[1]])
         row = {"workload": workload, "model": model, "precision": spec.precision, "metric": f"{metric}/s",
                "tether": ours, "trl": theirs, **load,
-               "ratio": ours / theirs, "paired_ratios": paired, "paired_min": min(paired), "paired_max": max(paired),
-               "runs": runs, "tether_min": min(rates[names[0]]),
+               "ratio": ours / theirs, "paired_ratios": paired, "runs": runs, "tether_min": min(rates[names[0]]),
                "tether_max": max(rates[names[0]]), "trl_min": min(rates[names[1]]),
                "trl_max": max(rates[names[1]]), "baseline": names[1]}
         if not generation:
@@ -270,7 +269,8 @@ def own_fp32_ratios(rows: list[dict]) -> None:
 
 def _pairs(row: dict) -> str:
     """The spread of a row's per-run ratios, " (1.41-1.55)", where it has more than one run."""
-    return f" ({row['paired_min']:.2f}-{row['paired_max']:.2f})" if len(row.get("paired_ratios", ())) > 1 else ""
+    pairs = row.get("paired_ratios", ())
+    return f" ({min(pairs):.2f}-{max(pairs):.2f})" if len(pairs) > 1 else ""
 
 
 def _num(x: float) -> str:

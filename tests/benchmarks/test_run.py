@@ -50,7 +50,6 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         assert row["tether"] > 0 and row["trl"] > 0
         assert row["ratio"] == pytest.approx(row["tether"] / row["trl"])
         assert row["paired_ratios"] == [pytest.approx(row["ratio"])]  # one run: its pair is the ratio
-        assert row["paired_min"] == row["paired_max"] == row["paired_ratios"][0]
         generation = row["workload"].startswith("generation")
         assert row["baseline"] == ("model.generate" if generation else "trl")
         if not generation:
@@ -159,8 +158,8 @@ def test_paired_ratios_divide_each_runs_rates_and_show_their_spread():
             "date": "2026-12-07", "runs": 3}
     row = {"precision": "fp32", "workload": "sft", "model": "tiny", "metric": "tokens/s", "tether": 30.0,
            "tether_min": 20.0, "tether_max": 45.0, "trl": 20.0, "trl_min": 20.0, "trl_max": 30.0, "baseline": "trl",
-           "ratio": 1.5, "paired_ratios": [1.5, 1.0, 1.5], "paired_min": 1.0, "paired_max": 1.5,
+           "ratio": 1.5, "paired_ratios": [1.5, 1.0, 1.5],
            "load_before": 0.0, "load_after": 0.0, "under_load": False}
     assert "| **1.50x** (1.00-1.50) |" in run.markdown([row], [], meta)
-    single = {**row, "paired_ratios": [1.5], "paired_min": 1.5, "paired_max": 1.5}
+    single = {**row, "paired_ratios": [1.5]}
     assert "| **1.50x** |" in run.markdown([single], [], meta)  # one run: no spread to show
