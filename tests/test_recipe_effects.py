@@ -1,7 +1,6 @@
 """Slow: the effects the README reports over seeds, re-measured. Each case runs ``tether run RECIPE --seeds N
 --parallel 3`` (N = 3 unless a case says 5; 10-30 min each on 2 cores) and checks the across-seed mean and the 95%
-interval of the mean, of a stage's figure or (``over``) of its per-seed gain over the same figure of an earlier
-stage.
+interval of the mean.
 
 Thresholds come from the spread measured over seeds (docs/figures-over-seeds.md): the mean bound sits about one
 seed standard deviation on the weak side of the measured mean, and the interval bound is the claim the README
@@ -18,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from tether.cli import app
-from tether.core.statistics import seed_summary
 
 
 class Effect(NamedTuple):
@@ -29,7 +27,6 @@ class Effect(NamedTuple):
     mean_bound: float
     interval_bound: float  # bound on the 95% interval's near end
     seeds: int = 3
-    over: str | None = None  # the stage whose same figure each seed's value is paired against
 
 
 EFFECTS = [
@@ -43,7 +40,7 @@ EFFECTS = [
     Effect("self-rewarding", "self_rewarding", "gain/accuracy", "at least", 0.03, 0.0),  # +4.8 +- 1.5, [+1.1, +8.6]
     Effect("judge-arithmetic", "judge_eval", "synthetic/position_consistency", "at least", 0.85, 0.5),  # 91.0 +- 4.6%
     # gain over SFT +31.0 +- 8.1 points (41.7 -> 72.7%); EPYC +33.9 +- 8.1 [+13.6, +54.1] (34.3 -> 68.1%)
-    Effect("rest-arithmetic", "rest", "accuracy", "at least", 0.20, 0.0, over="sft"),
+    Effect("rest-arithmetic", "rest", "gain/accuracy", "at least", 0.20, 0.0),
     # 67.7 +- 20.9% [41.8, 93.6] over 5 seeds (after SFT 1.3%); one seed of five ends near 30%
     Effect("agent-arithmetic", "grpo", "success", "at least", 0.45, 0.05, seeds=5),
     # 67.5 +- 21.0% (after SFT 53.3 +- 18.9%); EPYC 76.2 +- 20.8%
@@ -53,15 +50,6 @@ EFFECTS = [
     Effect("d-rlaif", "grpo", "violation_rate", "at most", 0.10, 0.5),  # 4.9 +- 3.5% (after SFT 78.1%); EPYC 7.8 +- 1.0%
     Effect("cai", "rlaif", "violation_rate", "at most", 0.10, 0.5),  # 4.2 +- 4.5% (after SFT 78.1%); EPYC 1.8 +- 1.2%
 ]
-
-
-def effect_summary(aggregated: dict, stage: str, figure: str, over: str | None = None) -> dict:
-    """The across-seed summary of ``stage``/``figure``; with ``over``, of each seed's value minus the same seed's
-    ``over``/``figure`` (a paired gain over seeds, for a stage that evaluates no ``before``)."""
-    if over is None:
-        return aggregated[stage][figure]
-    after, before = aggregated[stage][figure]["values"], aggregated[over][figure]["values"]
-    return seed_summary([a - b for a, b in zip(after, before, strict=True)])
 
 
 def check_effect(summary: dict, direction: str, mean_bound: float, interval_bound: float) -> bool:
@@ -81,21 +69,6 @@ def test_check_effect_by_hand():
     assert not check_effect(summary, "at most", 0.30, 0.3)
 
 
-def test_effect_summary_pairs_seeds_by_hand():
-    aggregated = {"sft": {"accuracy": {"values": [0.356, 0.484, 0.188]}},
-                  "rest": {"accuracy": {"mean": 0.681, "ci95": [0.159, 1.204], "values": [0.771, 0.832, 0.441]}}}
-    assert effect_summary(aggregated, "rest", "accuracy") is aggregated["rest"]["accuracy"]
-    gain = effect_summary(aggregated, "rest", "accuracy", over="sft")
-    assert gain["values"] == pytest.approx([0.415, 0.348, 0.253])
-    assert gain["mean"] == pytest.approx(0.33867, abs=1e-5)
-    # std 0.08140; t(2) = 4.303: half-width 4.303 * 0.08140 / sqrt(3) = 0.20223
-    assert gain["ci95"] == pytest.approx([0.13644, 0.54090], abs=1e-4)
-    assert check_effect(gain, "at least", 0.20, 0.0)
-    with pytest.raises(ValueError):
-        effect_summary({"sft": {"accuracy": {"values": [0.1]}}, "rest": {"accuracy": {"values": [0.2, 0.3]}}},
-                       "rest", "accuracy", over="sft")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("effect", EFFECTS, ids=[e.recipe for e in EFFECTS])
 def test_recipe_effect_over_seeds(tmp_path, effect: Effect):
@@ -103,5 +76,5 @@ def test_recipe_effect_over_seeds(tmp_path, effect: Effect):
                                       "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     aggregated = json.loads((tmp_path / "results.json").read_text())
-    summary = effect_summary(aggregated, effect.stage, effect.figure, effect.over)
+    summary = aggregated[effect.stage][effect.figure]
     assert check_effect(summary, effect.direction, effect.mean_bound, effect.interval_bound), summary

@@ -87,7 +87,7 @@ def test_star_rounds_keep_exactly_the_verified_samples_and_restart_from_the_base
            "prompts": {"task": {"name": "arithmetic", "n": 8}}, "sampling": {"n": 2, "max_new_tokens": 12},
            "filter": {"verifier": verifier, "drop_truncated": False},
            "train": {"max_steps": 5, "batch_size": 4, "progress": False, "threads": 1}, "report_to": [],
-           "eval": {"task": "arithmetic", "n": 4, "max_new_tokens": 8}}
+           "eval": {"task": "arithmetic", "n": 4, "max_new_tokens": 8, "before": True}}
     assert SelfDistillConfig.model_validate(cfg).restart == "base"
     results = run_recipe({"stages": [cfg]}, tmp_path / "run", report=False)["star"]
     stage = tmp_path / "run" / "star"
@@ -107,6 +107,16 @@ def test_star_rounds_keep_exactly_the_verified_samples_and_restart_from_the_base
     assert (stage / "model.safetensors").exists() and results["accuracy"] == results["iter2/accuracy"]
     rows = read_metrics(tmp_path / "run", "star")
     assert [r["step"] for r in rows] == [1, 2] and all("accuracy" in r for r in rows)
+    # eval.before: the starting model evaluated once, in round 1; every round's gain is paired against it
+    before = json.loads((stage / "iter-1" / "eval_before.json").read_text())
+    assert json.loads((stage / "iter-2" / "eval_before.json").read_text()) == before
+    assert "iter2/before/accuracy" not in results and results["before/accuracy"] == results["iter1/before/accuracy"]
+    assert results["before/accuracy"] == pytest.approx(sum(v > 0 for v in before["accuracy"]) / 4)
+    for prefix in ("iter1/", "iter2/", ""):
+        assert results[f"{prefix}gain/accuracy"] == pytest.approx(
+            results[f"{prefix}accuracy"] - results["before/accuracy"])
+        assert results[f"{prefix}gain/accuracy_ci95_low"] <= results[f"{prefix}gain/accuracy"] <= \
+            results[f"{prefix}gain/accuracy_ci95_high"]
 
 
 # ---- the recipes, end to end (minutes each; python -m pytest -m slow) --------------------------------
@@ -121,6 +131,8 @@ def test_r1_distill_filtered_student_beats_unfiltered(tmp_path):
 def test_rest_arithmetic_improves_over_its_sft_model(tmp_path):
     results = run_recipe(load_recipe("rest-arithmetic"), tmp_path / "run", report=False)
     assert results["rest"]["iter2/accuracy"] > results["sft"]["accuracy"]
+    assert results["rest"]["before/accuracy"] == results["sft"]["accuracy"]  # eval.before: the SFT model, same problems
+    assert results["rest"]["gain/accuracy_ci95_low"] > 0
 
 
 @pytest.mark.slow

@@ -70,6 +70,7 @@ from tether.stages.api import train_sft
 from tether.tasks import get_task
 from tether.tasks.base import draw_problems, format_completion
 from tether.trainers import checkpoint as ckpt
+from tether.trainers.loop import BEFORE_OUTCOMES
 from tether.trainers.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
@@ -176,9 +177,10 @@ def run_filter(cfg: FilterStageConfig, run_dir: Path, resume: bool) -> dict[str,
 # ---- self-distillation -------------------------------------------------------------------------------
 def _round_sft_config(cfg: SelfDistillConfig, round_: int, start_model: str, corpus: Path) -> SFTConfig:
     steps = max(1, round(cfg.train.max_steps * cfg.step_growth ** (round_ - 1)))
+    eval_ = cfg.eval if cfg.eval is None or round_ == 1 else cfg.eval.model_copy(update={"before": False})
     return SFTConfig(name=f"{cfg.name}/iter-{round_}", type="sft",
                      model=cfg.model.model_copy(update={"name_or_path": start_model}),
-                     optim=cfg.optim, train=cfg.train.model_copy(update={"max_steps": steps}), eval=cfg.eval,
+                     optim=cfg.optim, train=cfg.train.model_copy(update={"max_steps": steps}), eval=eval_,
                      report_to=cfg.report_to, data=DataConfig(path=str(corpus), **cfg.data.model_dump()))
 
 
@@ -197,6 +199,9 @@ def _distill_round(cfg: SelfDistillConfig, run_dir: Path, round_: int, teacher: 
                          f"({summary}); sample more (sampling.n) or loosen the filter")
     write_records(round_dir / "filtered.jsonl", sft_records(kept, chat=cfg.prompts.chat))
     start = cfg.model.name_or_path if cfg.restart == "base" else teacher
+    first_before = run_dir / cfg.name / "iter-1" / BEFORE_OUTCOMES  # the stage's starting model, round 1 evaluated it
+    if round_ > 1 and first_before.exists():  # so this round's gain/* is paired against the start too
+        shutil.copy2(first_before, round_dir / BEFORE_OUTCOMES)
     figures = train_sft(_round_sft_config(cfg, round_, start, round_dir / "filtered.jsonl"), out=run_dir,
                         resume=resume)
     names = {"records": "sample/records", "mean_tokens": "sample/mean_tokens", "sample_accuracy": "sample/accuracy"}
@@ -209,7 +214,9 @@ def _distill_round(cfg: SelfDistillConfig, run_dir: Path, round_: int, teacher: 
 def self_distill(config: SelfDistillConfig | dict, *, out: str | Path, resume: bool = True) -> dict[str, float]:
     """STaR / ReST / RAFT rounds (see the module docstring). Each round's model is ``out/STAGE/iter-N``;
     the last one is also exported to ``out/STAGE``. Returns ``iterN/<figure>`` for every round, the
-    kept fraction ``iterN/filter/kept_fraction``, and the last round's figures unprefixed."""
+    kept fraction ``iterN/filter/kept_fraction``, and the last round's figures unprefixed. With
+    ``eval.before`` the starting model is evaluated once (``before/*``) and every round's ``gain/<rate>``
+    is paired against it on the same problems, so the unprefixed ``gain/accuracy`` is the whole stage's."""
     cfg = config if isinstance(config, SelfDistillConfig) else SelfDistillConfig.model_validate(config)
     run_dir, stage_dir = Path(out), Path(out) / cfg.name
     logger = MetricsLogger(run_dir, cfg.name, report_to=[])
@@ -226,7 +233,8 @@ def self_distill(config: SelfDistillConfig | dict, *, out: str | Path, resume: b
     for file in Path(teacher).iterdir():
         if file.is_file() and file.name != ckpt.DONE_FILE:
             shutil.copy2(file, stage_dir / file.name)
-    results.update({k: v for k, v in figures.items() if "/" not in k})
+    results.update({k: v for k, v in figures.items() if "/" not in k or k.startswith("gain/")})
+    results.update({k.removeprefix("iter1/"): v for k, v in results.items() if k.startswith("iter1/before/")})
     return results
 
 
