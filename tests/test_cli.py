@@ -270,3 +270,18 @@ def test_dpo_command_takes_a_stage_prefixed_loss_override_dmpo_on_episode_pairs(
     assert resolved["loss"] == "dmpo" and resolved["dmpo_gamma"] == 0.5
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("turns/chosen") == 2.0 and r.get("turns/rejected") == 1.0 for r in rows), rows
+
+
+def test_stages_runs_a_stage_with_what_it_uses_and_a_later_full_run_reuses_it(tmp_path):
+    out = tmp_path / "run"
+    plan = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK, "--stages", "pretrain", "--dry-run"])
+    assert plan.exit_code == 0 and "│ pretrain │" in plan.output and "│ sft " not in plan.output, plan.output
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK, "--stages", "pretrain"])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads((out / "results.json").read_text())) == {"pretrain"} and not (out / "sft").exists()
+    full = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(out), *QUICK])
+    assert full.exit_code == 0 and "stage pretrain already finished" in " ".join(full.output.split()), full.output
+    assert set(json.loads((out / "results.json").read_text())) == {"pretrain", "sft"}
+    unknown = runner.invoke(app, ["run", "sft-arithmetic", "--out", str(tmp_path / "x"), "--stages", "stf"])
+    assert unknown.exit_code == 2 and "Traceback" not in unknown.output
+    assert "no stage 'stf' in recipe 'sft-arithmetic'; its stages: pretrain, sft" in " ".join(unknown.output.split())

@@ -78,3 +78,30 @@ def test_the_plan_gives_steps_only_to_stages_that_train(tmp_path):
     wrapped = {name for name, t in STAGES.items() if (t.run.__doc__ or "").startswith("The stage of")}
     assert wrapped <= {name for name, t in STAGES.items() if t.trains_model}  # every train_* stage trains
     assert not STAGES["judge_eval"].trains_model and STAGES["self_distill"].trains_model
+
+
+def test_select_stages_keeps_the_named_stages_and_what_they_use_in_recipe_order():
+    from tether.stages.recipes import select_stages
+
+    recipe = load_recipe("dpo-onpolicy-arithmetic")
+    orpo = select_stages(recipe, ["orpo"])
+    # orpo trains from @sft on @pairs/pairs.jsonl; pairs reads @samples/corpus.jsonl, samples @sft, sft @pretrain
+    assert [s["name"] for s in orpo["stages"]] == ["pretrain", "sft", "samples", "pairs", "orpo"]
+    assert orpo["name"] == recipe["name"] and len(recipe["stages"]) > 5  # the recipe itself is not changed
+    assert [s["name"] for s in select_stages(recipe, ["sft", "pretrain"])["stages"]] == ["pretrain", "sft"]
+    both = select_stages(recipe, ["kto", "rpo"])["stages"]
+    assert [s["name"] for s in both] == ["pretrain", "sft", "samples", "pairs", "kto", "rpo"]
+    with pytest.raises(ConfigError, match=r"no stage 'orpoo' in recipe 'dpo-onpolicy-arithmetic'; its stages: "
+                                          r"pretrain, sft, samples"):
+        select_stages(recipe, ["orpoo"])
+    with pytest.raises(ConfigError, match="names no stage"):
+        select_stages(recipe, [])
+
+
+def test_select_stages_follows_references_made_in_the_recipe_defaults():
+    from tether.stages.recipes import select_stages
+
+    recipe = {"name": "r", "defaults": {"model": {"name_or_path": "@base"}},
+              "stages": [{"name": "base", "type": "sft", "model": {"name_or_path": "tether/tiny"}},
+                         {"name": "other", "type": "sft"}, {"name": "a", "type": "sft"}]}
+    assert [s["name"] for s in select_stages(recipe, ["a"])["stages"]] == ["base", "a"]

@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from tether.cli import app
@@ -116,3 +117,13 @@ def test_an_interrupted_run_over_seeds_stops_every_seed_and_resumes(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ)
     assert done.returncode == 0, done.stdout[-3000:]
     assert json.loads((out / "results.json").read_text())["sft"]["accuracy"]["n"] == 2
+
+
+def test_stages_over_seeds_runs_only_those_stages_in_every_seed(tmp_path):
+    out = tmp_path / "seeds"
+    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "0,", "--out", str(out), *QUICK,
+                                 "--stages", "pretrain"])
+    assert result.exit_code == 0, result.output
+    assert [s["name"] for s in yaml.safe_load((out / "recipe.yaml").read_text())["stages"]] == ["pretrain"]
+    assert set(json.loads((out / "seed-0" / "results.json").read_text())) == {"pretrain"}
+    assert set(json.loads((out / "results.json").read_text())) == {"pretrain"}

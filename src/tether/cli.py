@@ -12,9 +12,11 @@ import typer
 from rich.logging import RichHandler
 from rich.table import Table
 
+from tether.commands import fail
 from tether.commands.compare import compare_cmd
+from tether.commands.seeds import run_seeds_command
 from tether.config.base import ConfigError, apply_override, load_yaml, parse_overrides
-from tether.console import console, print_results, print_seed_results
+from tether.console import console, print_results
 
 DEFAULT_RECIPE = "r1-arithmetic"
 
@@ -43,15 +45,7 @@ def _disk_full(err: OSError, run_dir: Path | None) -> None:
     reason = disk_full_reason(err, Path(run_dir or "."))
     if reason is None:
         raise err
-    _fail(f"{reason}: {err}; free space, then run the same command with --resume")
-
-
-def _fail(message: str) -> None:
-    from rich.markup import escape
-
-    # escaped: messages quote data ("[[A]]", "[bold]"); unwrapped: paths and line numbers stay whole
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2)
+    fail(f"{reason}: {err}; free space, then run the same command with --resume")
 
 
 def resume_command(argv: list[str], run_dir: Path) -> str:
@@ -96,7 +90,7 @@ def _end_run(err: BaseException, run_dir: Path | None) -> None:
     """A run that cannot go on, in one line and an exit code: a bad config, data or checkpoint (2), a full
     disk (2, anything else from the OS re-raised), a stop signal (128 + its number, with how to resume)."""
     if isinstance(err, (ConfigError, *_training_errors())):
-        _fail(str(err))
+        fail(str(err))
     elif isinstance(err, KeyboardInterrupt):
         _stopped(err, run_dir)
     elif isinstance(err, OSError):
@@ -154,6 +148,8 @@ def run_cmd(
                                 "and torch's deterministic algorithms")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="check everything and print the plan; train nothing")]
     = False,
+    stages: Annotated[str | None, typer.Option(
+        "--stages", help="run only these stages (comma-separated) and the earlier ones they use (@stage)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a recipe (default: the R1-style default recipe) and print accuracy before and after."""
@@ -163,7 +159,7 @@ def run_cmd(
         for warning in enable_determinism():
             console.print(f"[yellow]warning:[/] {warning}")
     from tether.stages.pipeline import run_recipe
-    from tether.stages.recipes import apply_recipe_overrides, load_recipe
+    from tether.stages.recipes import apply_recipe_overrides, load_recipe, select_stages
 
     _setup_logging(verbose)
     overrides = list(overrides or [])
@@ -181,6 +177,8 @@ def run_cmd(
                 data = with_constitution(data, constitution)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
+        if stages is not None:
+            data = select_stages(data, [name.strip() for name in stages.split(",") if name.strip()])
         if out is None and resume:
             out = latest_unfinished_run(data.get("name", recipe))
             if out is None:
@@ -197,7 +195,7 @@ def run_cmd(
             return
         start = time.perf_counter()
         if seeds is not None:
-            _run_seeds(data, run_dir, seeds, parallel=parallel, resume=resume, deterministic=deterministic)
+            run_seeds_command(data, run_dir, seeds, parallel=parallel, resume=resume, deterministic=deterministic)
             return
         console.print(f"[bold]tether run[/] {data.get('name', recipe)} -> {run_dir}")
         results = run_recipe(data, run_dir, resume=resume)
@@ -208,38 +206,6 @@ def run_cmd(
     console.print(f"done in {time.perf_counter() - start:.0f}s; results in {run_dir / 'results.json'}")
     if (run_dir / "report.html").exists():
         console.print(f"report in {run_dir / 'report.html'}")
-
-
-def _run_seeds(recipe: dict[str, Any], run_dir: Path, seeds: str, *, parallel: int, resume: bool,
-               deterministic: bool) -> None:
-    from tether.stages.pipeline import validate_recipe, write_report_safely
-    from tether.stages.seeds import parse_seeds, run_seeds, seed_dir
-
-    chosen = parse_seeds(seeds)
-    validate_recipe(recipe, run_dir)  # a typo fails here, not in every seed's process
-    console.print(f"[bold]tether run[/] {recipe.get('name', '')} over seeds {', '.join(map(str, chosen))} "
-                  f"({parallel} at a time) -> {run_dir}")
-    start = time.perf_counter()
-
-    def progress(kind: str, seed: int, info: dict[str, Any]) -> None:
-        if kind == "start":
-            console.print(f"seed {seed}: started, log in {seed_dir(run_dir, seed) / 'run.log'}")
-        elif kind == "done":
-            headline = "; ".join(f"{s} {f['accuracy']:.1%}" for s, f in info["results"].items() if "accuracy" in f)
-            console.print(f"seed {seed}: done in {info['seconds']:.0f}s" + (f" ({headline})" if headline else ""))
-        else:
-            console.print(f"[bold red]seed {seed}: failed[/] (exit {info['returncode']}); see {info['log']}")
-
-    try:
-        aggregated = run_seeds(recipe, run_dir, chosen, parallel=parallel, resume=resume,
-                               deterministic=deterministic, on_event=progress)
-    except RuntimeError as err:
-        _fail(str(err))
-        return
-    print_seed_results(aggregated)
-    write_report_safely(run_dir)
-    console.print(f"done in {time.perf_counter() - start:.0f}s; per-seed runs in {run_dir}/seed-*/, "
-                  f"summary in {run_dir / 'results.json'}")
 
 
 def _run_single_stage(stage_type: str, config: Path, overrides: list[str] | None, out: Path | None,
@@ -335,7 +301,7 @@ def eval_cmd(
         else:
             figures = evaluate(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as err:
-        _fail(str(err))
+        fail(str(err))
         return
     print_results({"eval": figures})
     if out:
@@ -424,7 +390,7 @@ def generate_cmd(
         else:
             stats = generate_file(model, prompts, out, n=n, **options)
     except (ConfigError, ValueError, FileNotFoundError) as err:
-        _fail(str(err))
+        fail(str(err))
         return
     resumed = f" ({stats['resumed']} found on disk, {stats['generated']} new)" if stats["resumed"] else ""
     if best_of:
@@ -451,7 +417,7 @@ def report_cmd(
         else:
             path = write_comparison_report(run_dirs, out or Path("compare.html"))
     except FileNotFoundError as err:
-        _fail(str(err))
+        fail(str(err))
         return
     console.print(f"report in {path}")
 
@@ -489,7 +455,7 @@ def serve_cmd(
               insecure_no_api_key=insecure_no_api_key, device=device, dtype=dtype, threads=threads,
               max_request_bytes=max_request_bytes, budget=budget)
     except (ConfigError, ValueError, FileNotFoundError, OSError) as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 def main() -> None:

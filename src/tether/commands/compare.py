@@ -7,15 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
+from tether.commands import fail
 from tether.console import console
-
-
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _percent(figures: dict[str, Any], key: str) -> str:
@@ -93,7 +88,7 @@ def compare_cmd(
                                     temperature=temperature, chat=chat, judge_options=judge_options,
                                     api_key_env=api_key_env, batch_size=batch_size, out=out)
     except (ConfigError, DataError, ValueError, FileNotFoundError, EndpointError) as err:
-        _fail(str(err))
+        fail(str(err))
         return
     print_comparison(figures)
     if out is not None:

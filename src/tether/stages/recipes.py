@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tether.config.base import ConfigError, apply_override, load_yaml, parse_overrides
+from tether.config.base import ConfigError, apply_override, deep_merge, load_yaml, parse_overrides
 
 
 def builtin_recipes() -> dict[str, Path]:
@@ -61,3 +61,40 @@ def apply_recipe_overrides(recipe: dict[str, Any], overrides: list[str]) -> dict
             raise ConfigError(f"override {key!r}: {head!r} is neither a stage ({', '.join(names)}) nor "
                               "'*' nor a recipe key")
     return recipe
+
+
+def stage_references(value: Any) -> set[str]:
+    """The stages a stage's raw config names with ``@stage`` or ``@stage/sub/path``."""
+    if isinstance(value, dict):
+        return set().union(*(stage_references(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(stage_references(v) for v in value))
+    if isinstance(value, str) and value.startswith("@"):
+        return {value[1:].partition("/")[0]}
+    return set()
+
+
+def select_stages(recipe: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """``recipe`` with only the stages ``names`` and, transitively, the earlier stages they use (``@stage``),
+    in the recipe's order (``tether run RECIPE --stages NAME``). A stage already finished in the run
+    directory is reused as in any run, so a later run of the whole recipe there trains only the rest."""
+    if not names:
+        raise ConfigError("--stages names no stage")
+    defaults = recipe.get("defaults") or {}
+    stages = [deep_merge(defaults, raw) if isinstance(raw, dict) and isinstance(defaults, dict) else raw
+              for raw in recipe["stages"]]
+    order = [raw.get("name", raw.get("type", f"stage{i}")) if isinstance(raw, dict) else f"stage{i}"
+             for i, raw in enumerate(stages)]
+    by_name = {name: i for i, name in enumerate(order)}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ConfigError(f"--stages: no stage {', '.join(map(repr, unknown))} in recipe {recipe.get('name', '')!r}; "
+                          f"its stages: {', '.join(by_name)}")
+    needed, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo.extend(n for n in stage_references(stages[by_name[name]]) if n in by_name)
+    return {**unshared(recipe), "stages": [unshared(raw) for name, raw in zip(order, recipe["stages"], strict=True)
+                                           if name in needed]}
