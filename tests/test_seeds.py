@@ -4,7 +4,6 @@
 import json
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from tether.cli import app
@@ -119,11 +118,18 @@ def test_an_interrupted_run_over_seeds_stops_every_seed_and_resumes(tmp_path):
     assert json.loads((out / "results.json").read_text())["sft"]["accuracy"]["n"] == 2
 
 
-def test_stages_over_seeds_runs_only_those_stages_in_every_seed(tmp_path):
-    out = tmp_path / "seeds"
-    result = runner.invoke(app, ["run", "sft-arithmetic", "--seeds", "0,", "--out", str(out), *QUICK,
-                                 "--stages", "pretrain"])
+def test_stages_over_seeds_gives_every_seed_the_selected_recipe(tmp_path, monkeypatch):
+    import tether.stages.seeds as seeds_module
+
+    ran = {}
+
+    def fake_run_seeds(recipe, run_dir, seeds, **kwargs):
+        ran.update(recipe=recipe, seeds=seeds)
+        return {}
+
+    monkeypatch.setattr(seeds_module, "run_seeds", fake_run_seeds)
+    result = runner.invoke(app, ["run", "dpo-onpolicy-arithmetic", "--seeds", "0,2", "--out", str(tmp_path / "s"),
+                                 "--stages", "orpo"])
     assert result.exit_code == 0, result.output
-    assert [s["name"] for s in yaml.safe_load((out / "recipe.yaml").read_text())["stages"]] == ["pretrain"]
-    assert set(json.loads((out / "seed-0" / "results.json").read_text())) == {"pretrain"}
-    assert set(json.loads((out / "results.json").read_text())) == {"pretrain"}
+    assert ran["seeds"] == [0, 2]
+    assert [s["name"] for s in ran["recipe"]["stages"]] == ["pretrain", "sft", "samples", "pairs", "orpo"]
