@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from tether.core.text_metrics import FROM_LETTERS, LETTER_DIGITS, TO_LETTERS
-from tether.tasks.base import TASKS, THINK_CLOSE, THINK_OPEN, Problem, extract_answer
+from tether.tasks.base import TASKS, THINK_CLOSE, THINK_OPEN, Problem, integer_answer_matches
 
 OPERATORS = "+-*"
 
@@ -152,11 +152,7 @@ class Arithmetic:
 
     def verify(self, completion: str, answer: str) -> float:
         """1.0 when the text after ``</think>`` is exactly the integer answer, else 0.0."""
-        given = extract_answer(completion).replace(",", "").replace(" ", "")
-        try:
-            return float(int(given) == int(answer))
-        except ValueError:
-            return 0.0
+        return integer_answer_matches(completion, answer)
 
     def pretrain_text(self, problem: Problem) -> str:
         """Raw text without the ``<think>`` protocol: plain equations (``47+85=132``), or with

@@ -80,6 +80,15 @@ def extract_answer(completion: str) -> str:
     return completion.strip()
 
 
+def integer_answer_matches(completion: str, answer: str) -> float:
+    """1.0 when the text after ``</think>`` is exactly the integer ``answer`` (commas and spaces ignored), else 0.0."""
+    given = extract_answer(completion).replace(",", "").replace(" ", "")
+    try:
+        return float(int(given) == int(answer))
+    except ValueError:
+        return 0.0
+
+
 def format_completion(problem: Problem, think: bool) -> str:
     # A problem whose gold answer is not what a demonstration writes (code: hidden tests) has a solution.
     answer = getattr(problem, "solution", None) or problem.answer

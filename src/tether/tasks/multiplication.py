@@ -17,7 +17,7 @@ import hashlib
 import random
 
 from tether.tasks.arithmetic import multiplication_trace
-from tether.tasks.base import TASKS, Problem, extract_answer
+from tether.tasks.base import TASKS, Problem, integer_answer_matches
 
 TOOL_ARGUMENTS = {"calculator": lambda a, b: {"expression": f"{a}*{b}"},
                   "python": lambda a, b: {"code": f"print({a}*{b})"}}
@@ -50,11 +50,7 @@ class Multiplication:
         return Problem(prompt=f"{a}*{b}=", answer=str(a * b), reasoning=multiplication_trace(a, b))
 
     def verify(self, completion: str, answer: str) -> float:
-        given = extract_answer(completion).replace(",", "").replace(" ", "")
-        try:
-            return float(int(given) == int(answer))
-        except ValueError:
-            return 0.0
+        return integer_answer_matches(completion, answer)
 
     def pretrain_text(self, problem: Problem) -> str:
         return f"{problem.prompt}{problem.answer}"
