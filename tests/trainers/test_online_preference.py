@@ -87,6 +87,20 @@ def test_rso_pairs_only_the_reward_tilted_samples(tmp_path):
     assert saved and len(prompts) == len(set(prompts))  # two kept samples per prompt: one pair at most
 
 
+def test_the_stage_reports_the_audit_over_every_round_s_pairs(tmp_path):
+    cfg = config(rounds=2, steps_per_round=2, audit=[{"name": "accuracy"}])
+    model, tokenizer = build_tiny()
+    results = OnlinePreferenceTrainer(cfg, model, tokenizer, tmp_path, reward_functions=[digit_fraction]).fit()
+    saved = [json.loads(line) for r in range(2)
+             for line in (tmp_path / "online" / "rounds" / f"round-{r:03d}" / "pairs.jsonl").read_text().splitlines()]
+    assert saved and all(p["chosen_audit"] in (0.0, 1.0) for p in saved)
+    assert results["audit/chosen_mean"] == pytest.approx(sum(p["chosen_audit"] for p in saved) / len(saved))
+    decided = sum(p["chosen_audit"] != p["rejected_audit"] for p in saved)
+    assert results["audit/pairs_decided"] == decided
+    stage = json.loads((tmp_path / "online" / "stage.json").read_text())
+    assert stage["results"]["audit/chosen_mean"] == results["audit/chosen_mean"]  # in the finished stage's record
+
+
 def test_an_online_stage_evaluated_before_reports_its_paired_gain(tmp_path):
     cfg = config(rounds=1, steps_per_round=2, eval={"n": 8, "max_new_tokens": 6, "before": True})
     model, tokenizer = build_tiny()

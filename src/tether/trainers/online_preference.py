@@ -125,11 +125,18 @@ class OnlinePreferenceTrainer(Trainer):
                       defaults=self.config.reward_defaults())
 
     def train(self, *, resume: bool = False) -> dict[str, float]:
+        """The rounds, then the audit over every round's pairs (``audit/chosen_mean`` etc., pairs-weighted; with
+        the ``accuracy`` audit 1 - ``audit/chosen_mean`` is the share of all pairs trained toward a wrong answer)."""
         self.scorer = self.build_scorer()
         try:
-            return super().train(resume=resume)
+            results = super().train(resume=resume)
         finally:
             self.scorer.close()
+        files = [self.round_dir(r) / "pairs.jsonl" for r in range(self.config.rounds)]
+        pairs = [p for f in files if f.exists() for p in read_jsonl(f)]
+        if any(p.get("chosen_audit") is not None for p in pairs):
+            results.update(pair_audit(pairs))
+        return results
 
     # ---- one round's data --------------------------------------------------------------------------------
     def round_dir(self, r: int) -> Path:
@@ -424,14 +431,20 @@ def round_figures(samples: list[dict], pairs: list[dict], indices: list[int]) ->
     audits = [s["audit"] for s in samples if s.get("audit") is not None]
     if audits:
         out["audit/mean"] = sum(audits) / len(audits)
-        decided = [p for p in pairs if p.get("chosen_audit") is not None and p.get("rejected_audit") is not None
-                   and p["chosen_audit"] != p["rejected_audit"]]
-        audited = [p for p in pairs if p.get("chosen_audit") is not None and p.get("rejected_audit") is not None]
-        if audited:
-            out["audit/chosen_mean"] = sum(p["chosen_audit"] for p in audited) / len(audited)
-            out["audit/rejected_mean"] = sum(p["rejected_audit"] for p in audited) / len(audited)
-        out["audit/pairs_decided"] = len(decided)
-        if decided:  # of the pairs the audit tells apart, how often the scorer's chosen is the better one
-            out["audit/pair_agreement"] = sum(p["chosen_audit"] > p["rejected_audit"] for p in decided) / len(decided)
+        out.update(pair_audit(pairs))
+    return out
+
+
+def pair_audit(pairs: list[dict]) -> dict[str, float]:
+    """The audit of ``pairs`` (each with ``chosen_audit`` / ``rejected_audit``): its mean over the chosen and the
+    rejected responses, how many pairs it tells apart and, of those, the share the scorer ordered the same way."""
+    audited = [p for p in pairs if p.get("chosen_audit") is not None and p.get("rejected_audit") is not None]
+    decided = [p for p in audited if p["chosen_audit"] != p["rejected_audit"]]
+    out: dict[str, float] = {"audit/pairs_decided": len(decided)}
+    if audited:
+        out["audit/chosen_mean"] = sum(p["chosen_audit"] for p in audited) / len(audited)
+        out["audit/rejected_mean"] = sum(p["rejected_audit"] for p in audited) / len(audited)
+    if decided:  # of the pairs the audit tells apart, how often the scorer's chosen is the better one
+        out["audit/pair_agreement"] = sum(p["chosen_audit"] > p["rejected_audit"] for p in decided) / len(decided)
     return out
 
