@@ -27,13 +27,18 @@ class Effect(NamedTuple):
     mean_bound: float
     interval_bound: float  # bound on the 95% interval's near end
     seeds: int = 3
+    arguments: tuple[str, ...] = ()  # more `tether run` arguments: overrides, --stages
 
 
 EFFECTS = [
     Effect("sft-arithmetic", "sft", "accuracy", "at least", 0.85, 0.5),  # 93.8 +- 4.7%; EPYC 95.6 +- 2.8%
     # +24.7 +- 2.6 points [+18.3, +31.0]; EPYC +14.4 +- 4.0 [+4.5, +24.3] (from a lower SFT start)
     Effect("dpo-arithmetic", "dpo", "gain/accuracy", "at least", 0.10, 0.0),
-    Effect("dpo-onpolicy-arithmetic", "orpo", "gain/accuracy", "at least", 0.12, 0.0),  # +13.9 +- 1.3, [+10.7, +17.2]
+    # At the fused AdamW default (EPYC, 5 seeds): +4.3 +- 3.9 [-0.5, +9.1], no loss's interval above zero. With the
+    # multi-tensor AdamW of the published figures, seeds 0-2 reproduce them exactly (+13.9 +- 1.3) and 5 seeds give
+    # +10.4 +- 6.2 [+2.8, +18.0]: the claim the README makes, checked under that optimiser
+    Effect("dpo-onpolicy-arithmetic", "orpo", "gain/accuracy", "at least", 0.04, 0.0, seeds=5,
+           arguments=("--stages", "orpo", "*.optim.fused=false")),
     # +16.8 +- 5.7, [+2.6, +31.1]; EPYC +10.2 +- 3.2 [+2.3, +18.2]
     Effect("online-dpo-arithmetic", "online_dpo", "gain/accuracy", "at least", 0.07, 0.0),
     # +15.4 +- 3.4, [+6.9, +23.8]; EPYC over 5 seeds +10.8 +- 6.2 [+3.1, +18.4] (its first 3: [-2.0, +15.2])
@@ -74,8 +79,8 @@ def test_check_effect_by_hand():
 @pytest.mark.slow
 @pytest.mark.parametrize("effect", EFFECTS, ids=[e.recipe for e in EFFECTS])
 def test_recipe_effect_over_seeds(tmp_path, effect: Effect):
-    result = CliRunner().invoke(app, ["run", effect.recipe, "--seeds", str(effect.seeds), "--parallel", "3",
-                                      "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["run", effect.recipe, *effect.arguments, "--seeds", str(effect.seeds),
+                                      "--parallel", "3", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     aggregated = json.loads((tmp_path / "results.json").read_text())
     summary = aggregated[effect.stage][effect.figure]
