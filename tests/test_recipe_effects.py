@@ -1,5 +1,6 @@
-"""Slow: the effects the README reports over seeds, re-measured. Each case runs ``tether run RECIPE --seeds N
---parallel 3`` (N = 3 unless a case says 5; 10-30 min each on 2 cores) and checks the across-seed mean and the 95%
+"""Slow: the effects the README reports over seeds, re-measured. Each case runs ``tether run RECIPE [ARGUMENTS]
+--seeds N --parallel 3`` (N = 3 unless a case says 5; arguments only where a case names them; 10-30 min each on 2
+cores) and checks the across-seed mean and the 95%
 interval of the mean.
 
 Thresholds come from the spread measured over seeds (docs/figures-over-seeds.md): the mean bound sits about one
