@@ -156,14 +156,14 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, shared):
         assert moved and all(moved)
 
 
-def test_config_errors_are_clear():
+def test_config_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match=r"needs model\.lora"):
         config(critic={"init": "policy", "share_backbone": True})
     with pytest.raises(ValueError, match="no reward model is named"):
-        PPOTrainer(config(critic={"init": "reward_model"}), build_tiny()[0], build_tiny()[1], "unused",
+        PPOTrainer(config(critic={"init": "reward_model"}), build_tiny()[0], build_tiny()[1], tmp_path,
                    reward_functions=[digit_fraction])
     with pytest.raises(ValueError, match="needs a reward"):
-        PPOTrainer(config(), build_tiny()[0], build_tiny()[1], "unused")
+        PPOTrainer(config(), build_tiny()[0], build_tiny()[1], tmp_path)
 
 
 def test_critic_warmup_trains_the_critic_alone(tmp_path):
