@@ -3,8 +3,10 @@ sampler does not, each correction runs, and the compare stage writes the figure 
 
 import json
 
+import pytest
+
 from tether import stages  # noqa: F401
-from tether.report import comparison_png, write_seeds_report
+from tether.report import comparison_png, plots, write_seeds_report
 from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
 
 GRPO = ["fp32-sampler", "bf16-sampler", "bf16-tis", "bf16-icepop"]
@@ -35,7 +37,7 @@ def test_bf16_sampler_mismatch_is_measured_and_plotted(tmp_path):
     assert spec["type"] == "compare" and spec["file"] == "mismatch.png"
 
 
-def test_comparison_over_seeds_averages_the_runs(tmp_path):
+def test_comparison_over_seeds_averages_the_runs(tmp_path, monkeypatch):
     for seed, value in ((0, 1.0), (1, 3.0)):
         d = tmp_path / f"seed-{seed}"
         (d / "cmp").mkdir(parents=True)
@@ -49,4 +51,36 @@ def test_comparison_over_seeds_averages_the_runs(tmp_path):
     (tmp_path / "recipe.yaml").write_text("name: t\nstages: []\n")
     write_seeds_report(tmp_path)
     assert (tmp_path / "cmp.png").stat().st_size > 1000
-    assert "cmp.png: mean over seeds" in (tmp_path / "report.html").read_text()
+    assert "cmp.png: mean +- std over seeds" in (tmp_path / "report.html").read_text()
+    drawn = {}
+    real = plots.small_multiples
+    monkeypatch.setattr(plots, "small_multiples", lambda title, panels, spreads=None: drawn.update(
+        title=title, panels=panels, spreads=spreads) or real(title, panels, spreads))
+    comparison_png([tmp_path / "seed-0", tmp_path / "seed-1"], ["a", "b"], ["m"], "t")
+    # a: 1 + step and 3 + step; b: 2 + step and 6 + step
+    assert drawn["title"] == "t (mean +- std of 2 runs)"
+    assert drawn["panels"] == {"m": {"a": {1: 3.0, 2: 4.0}, "b": {1: 5.0, 2: 6.0}}}
+    assert drawn["spreads"]["m"]["a"] == pytest.approx({1: 2 ** 0.5, 2: 2 ** 0.5})
+    assert drawn["spreads"]["m"]["b"] == pytest.approx({1: 8 ** 0.5, 2: 8 ** 0.5})
+
+
+def test_mean_and_std_over_runs_uses_the_runs_that_logged_each_step():
+    mean, std = plots.mean_and_std_over_runs([{0: 1.0, 10: 2.0}, {0: 3.0, 10: 6.0, 20: 5.0}, {0: 8.0}])
+    assert mean == pytest.approx({0: 4.0, 10: 4.0, 20: 5.0})
+    # step 0: (1, 3, 8), sample std sqrt(((-3)^2 + (-1)^2 + 4^2) / 2); step 20 has one run: no std
+    assert std == pytest.approx({0: 13 ** 0.5, 10: 8 ** 0.5})
+
+
+def test_comparison_names_how_many_runs_each_line_averages(tmp_path, monkeypatch):
+    """A stage only some seeds ran (a resumed run with fewer stages) is averaged over those seeds, and the
+    title gives the range of runs behind the lines."""
+    for seed in range(3):
+        d = tmp_path / f"seed-{seed}"
+        d.mkdir()
+        rows = [{"stage": "a", "step": 1, "m": float(seed)}] + ([{"stage": "b", "step": 1, "m": 1.0}] if seed else [])
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    drawn = {}
+    monkeypatch.setattr(plots, "small_multiples", lambda title, panels, spreads=None: drawn.update(
+        title=title, panels=panels) or b"png")
+    comparison_png([tmp_path / f"seed-{k}" for k in range(3)], ["a", "b"], ["m"], "t")
+    assert drawn == {"title": "t (mean +- std of 2-3 runs)", "panels": {"m": {"a": {1: 1.0}, "b": {1: 1.0}}}}

@@ -111,7 +111,7 @@ def _comparisons(run_dir: Path, seeds: Sequence[int]) -> list[str]:
                              spec.get("title") or spec["stage"])
         if png is not None:
             (run_dir / spec["file"]).write_bytes(png)
-            out.append(figure_html(spec["stage"], png, f"{spec['file']}: mean over seeds"))
+            out.append(figure_html(spec["stage"], png, f"{spec['file']}: mean +- std over seeds"))
     return out
 
 

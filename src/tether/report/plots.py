@@ -65,15 +65,21 @@ def _png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 def _draw_series(ax: Any, name: str, lines: dict[str, Series], colours: dict[str, str] | None = None, *,
-                 legend: bool = True) -> None:
+                 legend: bool = True, spreads: dict[str, Series] | None = None) -> None:
     """One panel: a line per run (per seed in a report over seeds, labelled), value against step. With
     ``colours`` (label -> colour, the same in every panel of a figure) every panel names its lines, unless
-    ``legend`` is off (the figure has one legend for all panels)."""
+    ``legend`` is off (the figure has one legend for all panels). ``spreads`` (label -> step -> std) shades
+    the line's value +- std at the steps it has one."""
     for label, series in lines.items():
         steps = sorted(series)
-        ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3,
-                label=label or None, alpha=0.85 if len(lines) > 1 else 1.0,
-                color=colours.get(label) if colours else None)
+        drawn = ax.plot(steps, [series[s] for s in steps], lw=1.2, marker="o" if len(steps) <= 30 else None, ms=3,
+                        label=label or None, alpha=0.85 if len(lines) > 1 else 1.0,
+                        color=colours.get(label) if colours else None)
+        spread = (spreads or {}).get(label) or {}
+        shaded = [s for s in steps if s in spread]
+        if shaded:
+            ax.fill_between(shaded, [series[s] - spread[s] for s in shaded], [series[s] + spread[s] for s in shaded],
+                            color=drawn[0].get_color(), alpha=0.15, lw=0)
     if legend and (len(lines) > 1 or (colours and len(colours) > 1 and any(lines))):
         ax.legend(fontsize=6)
     ax.set_title(name, fontsize=9)
@@ -84,10 +90,11 @@ def _draw_series(ax: Any, name: str, lines: dict[str, Series], colours: dict[str
 MANY_LINES = 6  # more lines than this: one legend beside the panels instead of one in each
 
 
-def small_multiples(title: str, panels: dict[str, dict[str, Series]]) -> bytes:
+def small_multiples(title: str, panels: dict[str, dict[str, Series]],
+                    spreads: dict[str, dict[str, Series]] | None = None) -> bytes:
     """One panel per metric against step (each holding one line per run), four panels a row; one colour per
     line in every panel (from a 20-colour palette past 10 lines), and past ``MANY_LINES`` lines one legend
-    to the right of the panels."""
+    to the right of the panels. ``spreads`` (metric -> label -> step -> std): a shaded band around a line."""
     from matplotlib import colormaps, rcParams
     from matplotlib.lines import Line2D
 
@@ -106,13 +113,13 @@ def small_multiples(title: str, panels: dict[str, dict[str, Series]]) -> bytes:
                         bottom=0.55 / height, top=1 - 0.75 / height, wspace=0.4, hspace=0.6)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (name, lines) in zip(axes, panels.items(), strict=False):
-        _draw_series(ax, name, lines, colours, legend=not shared)
+        _draw_series(ax, name, lines, colours, legend=not shared, spreads=(spreads or {}).get(name))
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     if shared:
         handles = [Line2D([], [], color=colours[label], lw=1.5, marker="o", ms=3) for label in labels]
         fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize=min(12.0, 9.0 * width / max(len(title), 1) * 12))  # a long title shrinks to fit
     return _png(fig)
 
 def _first_present(metrics: StageMetrics, names: tuple[str, ...]) -> Series | None:
@@ -238,19 +245,37 @@ def headline_plot(aggregated: dict[str, dict], key: str) -> bytes | None:
     ax.grid(alpha=0.3)
     return _png(fig)
 
+def mean_and_std_over_runs(series: Sequence[Series]) -> tuple[Series, Series]:
+    """Per step, the mean over the runs that logged it, and the sample standard deviation (n - 1) where at
+    least two did."""
+    steps = sorted(set().union(*series))
+    mean, std = {}, {}
+    for step in steps:
+        values = [s[step] for s in series if step in s]
+        mean[step] = sum(values) / len(values)
+        if len(values) > 1:
+            std[step] = math.sqrt(sum((v - mean[step]) ** 2 for v in values) / (len(values) - 1))
+    return mean, std
+
+
 def comparison_png(run_dirs: Sequence[Path], stages: Sequence[str], keys: Sequence[str], title: str) -> bytes | None:
     """One panel per metric, one line per stage: the stage's value against step, averaged over the runs
-    (seeds) that logged it at that step; None when no stage logged any of the metrics."""
+    (seeds) that logged it at that step, shaded +- one standard deviation over them; None when no stage
+    logged any of the metrics."""
     runs = [stage_metrics(read_jsonl(Path(d) / "metrics.jsonl")[0]) for d in run_dirs]
     panels: dict[str, dict[str, Series]] = {}
+    spreads: dict[str, dict[str, Series]] = {}
+    counts = set()  # how many runs logged each line
     for key in keys:
         for stage in stages:
-            series = [run.get(stage, {}).get(key, {}) for run in runs]
-            steps = sorted(set().union(*series))
-            mean = {step: sum(s[step] for s in series if step in s) / sum(step in s for s in series) for step in steps}
+            series = [s for s in (run.get(stage, {}).get(key, {}) for run in runs) if s]
+            mean, std = mean_and_std_over_runs(series)
             if mean:
                 panels.setdefault(key, {})[stage] = mean
+                spreads.setdefault(key, {})[stage] = std
+                counts.add(len(series))
     if not panels:
         return None
-    label = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
-    return small_multiples(title + label, panels)
+    n = f"{min(counts)}" if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
+    label = f" (mean +- std of {n} runs)" if max(counts) > 1 else ""
+    return small_multiples(title + label, panels, spreads)
