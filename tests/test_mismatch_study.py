@@ -49,9 +49,13 @@ def test_comparison_over_seeds_averages_the_runs(tmp_path, monkeypatch):
     assert comparison_png([tmp_path / "seed-0"], ["a"], ["nope"], "t") is None
     (tmp_path / "seeds.json").write_text(json.dumps({"seeds": [0, 1]}))
     (tmp_path / "recipe.yaml").write_text("name: t\nstages: []\n")
+    (tmp_path / "extra.png").write_bytes(b"\x89PNG-a-figure-the-run-drew-over-seeds")
     write_seeds_report(tmp_path)
     assert (tmp_path / "cmp.png").stat().st_size > 1000
-    assert "cmp.png: mean +- std over seeds" in (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert "cmp.png: mean +- std over seeds" in page
+    # a figure the run drew over seeds (the over-optimisation one) is on the page; the comparison only once
+    assert "Other plots" in page and "extra.png" in page and page.count("cmp.png") == 1
     drawn = {}
     real = plots.small_multiples
     monkeypatch.setattr(plots, "small_multiples", lambda title, panels, spreads=None: drawn.update(

@@ -52,6 +52,32 @@ def test_plot_marks_every_beta_and_the_start(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_figure_over_seeds_draws_the_means_with_their_spread(tmp_path, monkeypatch):
+    from tether.stages import rlhf
+    from tether.stages.seeds import _plot_over_seeds
+
+    def summary(values):
+        mean = sum(values) / len(values)
+        return {"mean": mean, "std": (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5,
+                "n": len(values), "values": values}
+
+    figures = {"start/gold": summary([0.5, 0.7]), "start/proxy": summary([1.0, 1.0]), "peak_beta": summary([0.3, 0.3])}
+    for key in ("beta=0.3", "beta=0", "bon/n=1", "bon/n=4"):
+        figures.update({f"{key}/kl": summary([1.0, 3.0]), f"{key}/gold": summary([0.6, 0.8]),
+                        f"{key}/proxy": summary([2.0, 2.0])})
+    drawn = {}
+    real = rlhf.plot_overoptimization
+    monkeypatch.setattr(rlhf, "plot_overoptimization", lambda results, betas, ns, path, **kw: drawn.update(
+        results=results, betas=betas, ns=ns, **kw) or real(results, betas, ns, path, **kw))
+    recipe = {"stages": [{"name": "sft", "type": "sft"}, {"name": "over", "type": "overoptimization"}]}
+    _plot_over_seeds(recipe, {"over": figures}, tmp_path)
+    assert (tmp_path / "overoptimization.png").read_bytes()[:4] == b"\x89PNG"
+    assert drawn["betas"] == [0.3, 0.0] and drawn["ns"] == [1, 4] and drawn["runs"] == 2
+    assert drawn["results"]["beta=0.3/gold"] == pytest.approx(0.7) and drawn["results"]["start/gold"] == pytest.approx(0.6)
+    assert drawn["spread"]["beta=0/kl"] == pytest.approx(2 ** 0.5) and drawn["spread"]["start/proxy"] == 0.0
+    assert rlhf.plot_overoptimization_over_seeds({"bon/n=1/gold": summary([0.5, 0.6])}, tmp_path / "x.png") is None
+
+
 @pytest.mark.slow
 def test_instructgpt_recipe_raises_the_gold_reward(tmp_path):
     """The acceptance figure: after PPO against the learned RM the hidden gold reward is higher than after SFT."""

@@ -91,16 +91,17 @@ def _fresh_plots_dir(run_dir: Path) -> Path:
         old.unlink()
     return plots_dir
 
-def _extra_images(run_dir: Path) -> str:
-    """PNGs the run saved at its top level (e.g. the over-optimisation plot), embedded as they are."""
-    images = sorted(run_dir.glob("*.png"))
+def _extra_images(run_dir: Path, shown: Sequence[str] = ()) -> str:
+    """PNGs the run saved at its top level (e.g. the over-optimisation plot), embedded as they are, except
+    the files named in ``shown`` (already on the page)."""
+    images = sorted(p for p in run_dir.glob("*.png") if p.name not in shown)
     if not images:
         return ""
     return "<h2>Other plots</h2>\n" + "\n".join(figure_html(p.name, p.read_bytes(), p.name) for p in images)
 
-def _comparisons(run_dir: Path, seeds: Sequence[int]) -> list[str]:
+def _comparisons(run_dir: Path, seeds: Sequence[int]) -> list[tuple[str, str]]:
     """The across-seed plots of the recipe's ``compare`` stages (their spec is in the first seed's stage.json),
-    written to ``run_dir/<file>``."""
+    written to ``run_dir/<file>``: (html, file name) each."""
     out = []
     first = run_dir / f"seed-{seeds[0]}" if seeds else run_dir
     for marker in sorted(first.glob("*/stage.json")):
@@ -111,7 +112,7 @@ def _comparisons(run_dir: Path, seeds: Sequence[int]) -> list[str]:
                              spec.get("title") or spec["stage"])
         if png is not None:
             (run_dir / spec["file"]).write_bytes(png)
-            out.append(figure_html(spec["stage"], png, f"{spec['file']}: mean +- std over seeds"))
+            out.append((figure_html(spec["stage"], png, f"{spec['file']}: mean +- std over seeds"), spec["file"]))
     return out
 
 
@@ -154,7 +155,9 @@ def write_seeds_report(run_dir: Path) -> Path:
         if png is not None:
             (plots_dir / f"seeds-{safe_name(key)}.png").write_bytes(png)
             body.append(figure_html(key, png))
-    body.extend(_comparisons(run_dir, seeds))
+    comparisons = _comparisons(run_dir, seeds)
+    body.extend(html for html, _ in comparisons)
+    body.append(_extra_images(run_dir, shown=[file for _, file in comparisons]))  # e.g. over-optimisation, over seeds
     body += _stage_sections(None, runs, plots_dir, list(dict.fromkeys(s for m in runs.values() for s in m)))
     return write_text_atomic(run_dir / REPORT_FILE, page_html(*run_title(run_dir, "recipe.yaml"), body))
 

@@ -127,12 +127,17 @@ def sweep(cfg: OverOptimizationConfig, run_dir: str | Path, *, resume: bool = Tr
     return results
 
 
-def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str) -> None:
-    """Gold (left axis) and proxy (right axis) against KL, each point labelled."""
+def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str,
+           spread: list[tuple[float, float, float]] | None = None) -> None:
+    """Gold (left axis) and proxy (right axis) against KL, each point labelled; ``spread`` (per point, the
+    standard deviations of KL, gold and proxy over seeds) draws error bars."""
     right = ax.twinx()
-    kl, gold, proxy, labels = zip(*sorted(points), strict=True)
-    ax.plot(kl, gold, "o-", color="tab:green", label="gold reward")
-    right.plot(kl, proxy, "s--", color="tab:blue", label="proxy (reward model)")
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    kl, gold, proxy, labels = zip(*(points[i] for i in order), strict=True)
+    kl_sd, gold_sd, proxy_sd = zip(*(spread[i] for i in order), strict=True) if spread else (None, None, None)
+    ax.errorbar(kl, gold, yerr=gold_sd, xerr=kl_sd, fmt="o-", color="tab:green", capsize=3, label="gold reward")
+    right.errorbar(kl, proxy, yerr=proxy_sd, xerr=kl_sd, fmt="s--", color="tab:blue", capsize=3,
+                   label="proxy (reward model)")
     for x, y, label in zip(kl, gold, labels, strict=True):
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(3, 5), fontsize=7)
     ax.set_xlabel("KL(π ‖ π_SFT) per completion, nats")
@@ -143,29 +148,52 @@ def _panel(ax: Any, points: list[tuple[float, float, float, str]], title: str) -
     ax.legend(handles, [h.get_label() for h in handles], loc="lower center", fontsize=7)
 
 
-def plot_overoptimization(results: dict[str, float], betas: list[float], ns: list[int], path: Path) -> Path:
-    """PPO (one point per beta, held-out figures; the SFT model at KL 0) and, when ``ns``, best-of-n."""
+def plot_overoptimization(results: dict[str, float], betas: list[float], ns: list[int], path: Path, *,
+                          spread: dict[str, float] | None = None, runs: int = 1) -> Path:
+    """PPO (one point per beta, held-out figures; the SFT model at KL 0) and, when ``ns``, best-of-n.
+    Over seeds, ``results`` holds the means and ``spread`` the standard deviations of the same keys (error
+    bars), ``runs`` how many seeds they summarise."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ppo = [(results[f"beta={b:g}/kl"], results[f"beta={b:g}/gold"], results[f"beta={b:g}/proxy"], f"β={b:g}")
-           for b in betas]
-    if "start/gold" in results:
-        ppo.append((0.0, results["start/gold"], results["start/proxy"], "SFT"))
+    def point(prefix: str, label: str) -> tuple[tuple[float, float, float, str], tuple[float, float, float]]:
+        keys = [f"{prefix}/{k}" for k in ("kl", "gold", "proxy")]
+        sd = tuple((spread or {}).get(k, 0.0) for k in keys)
+        return (*(results[k] for k in keys), label), sd
+
+    ppo = [point(f"beta={b:g}", f"β={b:g}") for b in betas]
+    if "start/gold" in results:  # the SFT model, at KL 0
+        ppo.append(((0.0, results["start/gold"], results["start/proxy"], "SFT"),
+                    (0.0, *((spread or {}).get(f"start/{k}", 0.0) for k in ("gold", "proxy")))))
     fig, axes = plt.subplots(1, 2 if ns else 1, figsize=(12 if ns else 6.5, 4.3), dpi=100, squeeze=False)
-    _panel(axes[0, 0], ppo, "PPO against the reward model, one run per KL coefficient β")
+    _panel(axes[0, 0], [p for p, _ in ppo], "PPO against the reward model, one run per KL coefficient β",
+           [sd for _, sd in ppo] if spread else None)
     if ns:
-        bon = [(results[f"bon/n={n}/kl"], results[f"bon/n={n}/gold"], results[f"bon/n={n}/proxy"], f"n={n}")
-               for n in ns]
-        _panel(axes[0, 1], bon, "best-of-n from the SFT model, ranked by the reward model")
+        bon = [point(f"bon/n={n}", f"n={n}") for n in ns]
+        _panel(axes[0, 1], [p for p, _ in bon], "best-of-n from the SFT model, ranked by the reward model",
+               [sd for _, sd in bon] if spread else None)
+    over = f", mean +- std of {runs} seeds" if runs > 1 else ""
     fig.suptitle("Reward over-optimisation (Gao, Schulman and Hilton 2022): gold and proxy reward against KL "
-                 "to the SFT model (held-out prompts)", fontsize=11)
+                 f"to the SFT model (held-out prompts{over})", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_overoptimization_over_seeds(figures: dict[str, dict[str, Any]], path: Path) -> Path | None:
+    """The over-optimisation figure of a run over seeds: ``figures`` is the stage's aggregated results
+    (``{"beta=B/gold": {"mean", "std", "n", ...}, ...}``); None when it holds no PPO point."""
+    betas = sorted({float(k[5:-5]) for k in figures if k.startswith("beta=") and k.endswith("/gold")}, reverse=True)
+    if not betas:
+        return None
+    ns = sorted({int(k[6:-5]) for k in figures if k.startswith("bon/n=") and k.endswith("/gold")})
+    means = {k: v["mean"] for k, v in figures.items() if isinstance(v, dict) and "mean" in v}
+    stds = {k: v["std"] for k, v in figures.items() if isinstance(v, dict) and "std" in v}
+    runs = max(int(v.get("n", 1)) for v in figures.values() if isinstance(v, dict))
+    return plot_overoptimization(means, betas, ns, path, spread=stds, runs=runs)
 
 
 def run_overoptimization(cfg: OverOptimizationConfig, run_dir: Path, resume: bool) -> dict[str, Any]:

@@ -87,6 +87,18 @@ def _command(recipe_path: Path, seed: int, out: Path, *, resume: bool, determini
     return command
 
 
+def _plot_over_seeds(recipe: dict[str, Any], aggregated: dict[str, dict[str, dict]], run_dir: Path) -> None:
+    """Figures a stage draws from its own results, redrawn over the seeds (means with std error bars):
+    the over-optimisation figure of an ``overoptimization`` stage."""
+    from tether.stages.rlhf import PLOT_FILE, plot_overoptimization_over_seeds
+
+    for stage in recipe.get("stages") or []:
+        if isinstance(stage, dict) and stage.get("type") == "overoptimization":
+            figures = aggregated.get(stage.get("name") or "overoptimization")
+            if figures:
+                plot_overoptimization_over_seeds(figures, run_dir / PLOT_FILE)
+
+
 def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int], *, parallel: int = 1,
               resume: bool = True, deterministic: bool = False,
               on_event: Callable[[str, int, dict[str, Any]], None] | None = None) -> dict[str, dict[str, dict]]:
@@ -146,6 +158,7 @@ def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int],
     per_seed = [json.loads((seed_dir(run_dir, s) / "results.json").read_text()) for s in seeds if s not in failed]
     aggregated = aggregate_results(per_seed)
     write_json_atomic(run_dir / "results.json", aggregated)
+    _plot_over_seeds(recipe, aggregated, run_dir)
     if failed:
         raise RuntimeError("seeds " + ", ".join(f"{s} (exit {rc}, log {seed_dir(run_dir, s) / RUN_LOG})"
                                                  for s, rc in failed.items()) + " failed; the others are in "
