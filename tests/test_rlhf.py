@@ -52,6 +52,24 @@ def test_plot_marks_every_beta_and_the_start(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_figures_leave_the_user_s_matplotlib_backend_alone(tmp_path):
+    """Drawn on a bare Figure with the Agg canvas: a notebook's or a GUI's backend is not switched."""
+    import matplotlib
+
+    from tether.best_of_n import plot_best_of_n
+
+    before = matplotlib.get_backend()
+    matplotlib.use("pdf")
+    try:
+        results = {"start/gold": 0.5, "start/proxy": 0.0, "beta=0/kl": 1.0, "beta=0/gold": 0.4, "beta=0/proxy": 2.0}
+        plot_overoptimization(results, [0.0], [], tmp_path / "over.png")
+        plot_best_of_n({"best_of_1/verifier": 0.3, "best_of_4/verifier": 0.5}, tmp_path / "bon.png")
+        assert matplotlib.get_backend() == "pdf"
+        assert (tmp_path / "over.png").read_bytes()[:4] == (tmp_path / "bon.png").read_bytes()[:4] == b"\x89PNG"
+    finally:
+        matplotlib.use(before)
+
+
 def test_the_figure_over_seeds_draws_the_means_with_their_spread(tmp_path, monkeypatch):
     from tether.stages import rlhf
     from tether.stages.seeds import _plot_over_seeds

@@ -220,13 +220,13 @@ def comparison_table(results: dict[str, float]) -> str:
 def plot_best_of_n(results: dict[str, float], path: str | Path, *, title: str = "best-of-n") -> Path:
     """Accuracy against n (log2 axis), one line per scorer or search, saved as a PNG; with token counts,
     a second panel has accuracy against sampled tokens per problem (compute matched on the x axis)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     tokens = token_curves(results)
-    fig, axes = plt.subplots(1, 2 if tokens else 1, figsize=(10 if tokens else 5, 3.5), squeeze=False)
+    fig = Figure(figsize=(10 if tokens else 5, 3.5))  # on the Agg canvas: no pyplot, no global backend switch
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2 if tokens else 1, squeeze=False)
     for label, curve in curves(results).items():
         ns = sorted(curve)
         line = axes[0, 0].plot(ns, [curve[n] for n in ns], marker="o", label=label)[0]
@@ -248,7 +248,6 @@ def plot_best_of_n(results: dict[str, float], path: str | Path, *, title: str = 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

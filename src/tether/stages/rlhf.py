@@ -153,10 +153,8 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
     """PPO (one point per beta, held-out figures; the SFT model at KL 0) and, when ``ns``, best-of-n.
     Over seeds, ``results`` holds the means and ``spread`` the standard deviations of the same keys (error
     bars), ``runs`` how many seeds they summarise."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     def point(prefix: str, label: str) -> tuple[tuple[float, float, float, str], tuple[float, float, float]]:
         keys = [f"{prefix}/{k}" for k in ("kl", "gold", "proxy")]
@@ -167,7 +165,9 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
     if "start/gold" in results:  # the SFT model, at KL 0
         ppo.append(((0.0, results["start/gold"], results["start/proxy"], "SFT"),
                     (0.0, *((spread or {}).get(f"start/{k}", 0.0) for k in ("gold", "proxy")))))
-    fig, axes = plt.subplots(1, 2 if ns else 1, figsize=(12 if ns else 6.5, 4.3), dpi=100, squeeze=False)
+    fig = Figure(figsize=(12 if ns else 6.5, 4.3), dpi=100)  # on the Agg canvas: no pyplot, no global backend switch
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2 if ns else 1, squeeze=False)
     _panel(axes[0, 0], [p for p, _ in ppo], "PPO against the reward model, one run per KL coefficient β",
            [sd for _, sd in ppo] if spread else None)
     if ns:
@@ -179,7 +179,6 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
                  f"to the SFT model (held-out prompts{over})", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
