@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.core.statistics import seed_summary
 from tether.report.read import Series, StageMetrics, is_flat, read_jsonl, stage_metrics
 
 GOLD_KEYS = ("reward/gold", "reward/gold/mean", "gold")
@@ -248,13 +249,12 @@ def headline_plot(aggregated: dict[str, dict], key: str) -> bytes | None:
 def mean_and_std_over_runs(series: Sequence[Series]) -> tuple[Series, Series]:
     """Per step, the mean over the runs that logged it, and the sample standard deviation (n - 1) where at
     least two did."""
-    steps = sorted(set().union(*series))
     mean, std = {}, {}
-    for step in steps:
-        values = [s[step] for s in series if step in s]
-        mean[step] = sum(values) / len(values)
-        if len(values) > 1:
-            std[step] = math.sqrt(sum((v - mean[step]) ** 2 for v in values) / (len(values) - 1))
+    for step in sorted(set().union(*series)):
+        summary = seed_summary([s[step] for s in series if step in s])
+        mean[step] = summary["mean"]
+        if summary["n"] > 1:
+            std[step] = summary["std"]
     return mean, std
 
 
