@@ -71,13 +71,9 @@ def test_the_figures_leave_the_user_s_matplotlib_backend_alone(tmp_path):
 
 
 def test_the_figure_over_seeds_draws_the_means_with_their_spread(tmp_path, monkeypatch):
+    from tether.core.statistics import seed_summary as summary
     from tether.stages import rlhf
     from tether.stages.seeds import _plot_over_seeds
-
-    def summary(values):
-        mean = sum(values) / len(values)
-        return {"mean": mean, "std": (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5,
-                "n": len(values), "values": values}
 
     figures = {"start/gold": summary([0.5, 0.7]), "start/proxy": summary([1.0, 1.0]), "peak_beta": summary([0.3, 0.3])}
     for key in ("beta=0.3", "beta=0", "bon/n=1", "bon/n=4"):
@@ -93,7 +89,7 @@ def test_the_figure_over_seeds_draws_the_means_with_their_spread(tmp_path, monke
     assert drawn["betas"] == [0.3, 0.0] and drawn["ns"] == [1, 4] and drawn["runs"] == 2
     assert drawn["results"]["beta=0.3/gold"] == pytest.approx(0.7) and drawn["results"]["start/gold"] == pytest.approx(0.6)
     assert drawn["spread"]["beta=0/kl"] == pytest.approx(2 ** 0.5) and drawn["spread"]["start/proxy"] == 0.0
-    assert rlhf.plot_overoptimization_over_seeds({"bon/n=1/gold": summary([0.5, 0.6])}, tmp_path / "x.png") is None
+    assert rlhf.plot_overoptimization_over_seeds({"bon/n=1/gold": summary([0.5, 0.6])}, tmp_path / "none") is None
 
 
 @pytest.mark.slow

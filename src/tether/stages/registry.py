@@ -47,6 +47,8 @@ class StageType:
     run: StageRun
     description: str = ""
     trains_model: bool = True  # False: it samples, labels, scores or plots; its train.max_steps means nothing
+    # a figure the stage draws from its results, redrawn over seeds: (aggregated figures, DIR) -> written path
+    plot_over_seeds: Callable[[dict[str, dict[str, Any]], Path], Path | None] | None = None
 
 
 def trains(train: Callable[..., dict[str, float]]) -> StageRun:
@@ -106,7 +108,7 @@ STAGES: dict[str, StageType] = {
                            "demonstrations and comparisons labelled by a hidden gold reward", trains_model=False),
     "overoptimization": StageType(OverOptimizationConfig, rlhf.run_overoptimization,
                                   "reward over-optimisation: PPO at several KL coefficients, gold and proxy reward "
-                                  "against KL"),
+                                  "against KL", plot_over_seeds=rlhf.plot_overoptimization_over_seeds),
     "sl_cai": StageType(SLCAIConfig, cai.run_sl_cai,
                         "SL-CAI: answer -> critique -> revise (N rounds) against a constitution -> SFT on the "
                         "revisions"),

@@ -156,15 +156,16 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    sd = spread or {}
+
     def point(prefix: str, label: str) -> tuple[tuple[float, float, float, str], tuple[float, float, float]]:
         keys = [f"{prefix}/{k}" for k in ("kl", "gold", "proxy")]
-        sd = tuple((spread or {}).get(k, 0.0) for k in keys)
-        return (*(results[k] for k in keys), label), sd
+        return (*(results[k] for k in keys), label), tuple(sd.get(k, 0.0) for k in keys)
 
     ppo = [point(f"beta={b:g}", f"β={b:g}") for b in betas]
     if "start/gold" in results:  # the SFT model, at KL 0
         ppo.append(((0.0, results["start/gold"], results["start/proxy"], "SFT"),
-                    (0.0, *((spread or {}).get(f"start/{k}", 0.0) for k in ("gold", "proxy")))))
+                    (0.0, sd.get("start/gold", 0.0), sd.get("start/proxy", 0.0))))
     fig = Figure(figsize=(12 if ns else 6.5, 4.3), dpi=100)  # on the Agg canvas: no pyplot, no global backend switch
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2 if ns else 1, squeeze=False)
@@ -182,9 +183,10 @@ def plot_overoptimization(results: dict[str, float], betas: list[float], ns: lis
     return path
 
 
-def plot_overoptimization_over_seeds(figures: dict[str, dict[str, Any]], path: Path) -> Path | None:
-    """The over-optimisation figure of a run over seeds: ``figures`` is the stage's aggregated results
-    (``{"beta=B/gold": {"mean", "std", "n", ...}, ...}``); None when it holds no PPO point."""
+def plot_overoptimization_over_seeds(figures: dict[str, dict[str, Any]], run_dir: Path) -> Path | None:
+    """The over-optimisation figure of a run over seeds, ``run_dir/overoptimization.png``: ``figures`` is the
+    stage's aggregated results (``{"beta=B/gold": {"mean", "std", "n", ...}, ...}``); None when it holds no
+    PPO point."""
     betas = sorted({float(k[5:-5]) for k in figures if k.startswith("beta=") and k.endswith("/gold")}, reverse=True)
     if not betas:
         return None
@@ -192,7 +194,7 @@ def plot_overoptimization_over_seeds(figures: dict[str, dict[str, Any]], path: P
     means = {k: v["mean"] for k, v in figures.items() if isinstance(v, dict) and "mean" in v}
     stds = {k: v["std"] for k, v in figures.items() if isinstance(v, dict) and "std" in v}
     runs = max(int(v.get("n", 1)) for v in figures.values() if isinstance(v, dict))
-    return plot_overoptimization(means, betas, ns, path, spread=stds, runs=runs)
+    return plot_overoptimization(means, betas, ns, Path(run_dir) / PLOT_FILE, spread=stds, runs=runs)
 
 
 def run_overoptimization(cfg: OverOptimizationConfig, run_dir: Path, resume: bool) -> dict[str, Any]:

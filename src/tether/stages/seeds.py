@@ -88,15 +88,15 @@ def _command(recipe_path: Path, seed: int, out: Path, *, resume: bool, determini
 
 
 def _plot_over_seeds(recipe: dict[str, Any], aggregated: dict[str, dict[str, dict]], run_dir: Path) -> None:
-    """Figures a stage draws from its own results, redrawn over the seeds (means with std error bars):
-    the over-optimisation figure of an ``overoptimization`` stage."""
-    from tether.stages.rlhf import PLOT_FILE, plot_overoptimization_over_seeds
+    """Figures a stage draws from its own results, redrawn over the seeds by its type's ``plot_over_seeds``
+    (the stage table), e.g. the over-optimisation figure with std error bars."""
+    from tether.stages.registry import STAGES
 
     for stage in recipe.get("stages") or []:
-        if isinstance(stage, dict) and stage.get("type") == "overoptimization":
-            figures = aggregated.get(stage.get("name") or "overoptimization")
-            if figures:
-                plot_overoptimization_over_seeds(figures, run_dir / PLOT_FILE)
+        kind = STAGES.get(stage.get("type")) if isinstance(stage, dict) else None
+        figures = aggregated.get(stage.get("name") or stage.get("type")) if kind else None
+        if kind is not None and kind.plot_over_seeds is not None and figures:
+            kind.plot_over_seeds(figures, run_dir)
 
 
 def run_seeds(recipe: dict[str, Any], run_dir: str | Path, seeds: Sequence[int], *, parallel: int = 1,
