@@ -9,9 +9,10 @@ import pytest
 
 from tether.config.base import ConfigError
 from tether.config.preference import JudgeEvalConfig
+from tether.data.files import read_jsonl
 from tether.models.tiny import save_tiny
 from tether.rewards.judge import PairwiseJudge, PointwiseJudge
-from tether.stages.judge_data import judge_figures, run_judge_eval, synthetic_pairs
+from tether.stages.judge_data import VERDICTS_FILE, judge_figures, run_judge_eval, synthetic_pairs
 from tether.tasks import get_task
 from tether.trainers.checkpoint import read_done
 
@@ -72,6 +73,22 @@ def test_judge_figures_of_known_judges():
     assert scores == {"verdict_accuracy": 1.0, "decisive_rate": 1.0, "decisive_accuracy": 1.0, "pairs": 40.0}
 
 
+def test_judge_figures_record_each_pair_with_what_the_judge_wrote():
+    task = get_task("arithmetic", digits=2)
+    pairs = synthetic_pairs(task, JudgeEvalConfig(judge={"backend": "callable", "model": "m:f"},
+                                                  task={"eval_n": 5}).task)
+    pairwise = PairwiseJudge(oracle_pairwise, template="compact-pairwise")
+    rows: list[dict] = []
+    assert judge_figures(pairwise, pairs, rows)["verdict_accuracy"] == 1.0
+    assert pairwise.transcript is None  # recording stops with the call
+    assert [(r["prompt"], r["responses"]) for r in rows] == [(p, [right, wrong]) for p, right, wrong in pairs]
+    assert all(r["verdicts"] == ["A", "B"] and r["replies"] == [["[[A]]"], ["[[B]]"]] for r in rows)
+    rows = []
+    judge_figures(PointwiseJudge(oracle_pointwise, template="compact-pointwise", scale=(0, 1)), pairs, rows)
+    assert all(r["scores"] == [1.0, 0.0] and r["replies"] == [["Score: 1"], ["Score: 0"]] for r in rows)
+    assert [r["responses"] for r in rows] == [[right, wrong] for _, right, wrong in pairs]
+
+
 def test_judge_eval_stage_reports_synthetic_and_policy_figures(tmp_path, judges):
     policy = save_tiny(tmp_path / "untrained")
     cfg = JudgeEvalConfig(name="judge_eval", judge={"backend": "callable", "model": "eval_judges:oracle_pairwise",
@@ -85,8 +102,15 @@ def test_judge_eval_stage_reports_synthetic_and_policy_figures(tmp_path, judges)
     assert results["policy/sample_accuracy"] == 0.0 and results["policy/pairs"] == 0.0
     assert results["policy/wrong_pairs"] > 0 and results["policy_wrong/decisive_rate"] == 0.0
     assert read_done(tmp_path / "judge_eval")["results"] == results
+    verdicts = read_jsonl(tmp_path / "judge_eval" / VERDICTS_FILE)  # every pair, with the judge's replies
+    assert [v["source"] for v in verdicts] == ["synthetic"] * 30 + ["policy_wrong"] * int(results["policy/wrong_pairs"])
+    assert all(v["verdicts"] == ["A", "B"] for v in verdicts if v["source"] == "synthetic")
+    assert all(v["verdicts"] == ["tie", "tie"] and v["replies"] == [["[[C]]"], ["[[C]]"]]
+               for v in verdicts if v["source"] == "policy_wrong")
     cfg.judge.model = "eval_judges:greater_text"  # decides every pair of two different wrong answers
     assert run_judge_eval(cfg, tmp_path, resume=False)["policy_wrong/decisive_rate"] == 1.0
+    decided = [v for v in read_jsonl(tmp_path / "judge_eval" / VERDICTS_FILE) if v["source"] == "policy_wrong"]
+    assert decided and all(sorted(v["verdicts"]) == ["A", "B"] for v in decided)  # one side in both orders
     cfg.task.eval_n = 0
     with pytest.raises(ConfigError, match="no pairs"):
         run_judge_eval(cfg, tmp_path, resume=False)

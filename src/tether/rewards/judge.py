@@ -190,6 +190,15 @@ class _Judge:
         self.principle = principle
         self.stats: dict[str, int] = {}
         self._closer = closer
+        # None, or a list that every judge prompt and its replies are appended to: what the judge wrote, to read
+        self.transcript: list[dict[str, Any]] | None = None
+
+    def _replies(self, texts: list[str], n: int) -> list[list[str]]:
+        """The backend's ``n`` replies to each judge prompt, recorded in :attr:`transcript` when it is a list."""
+        replies = self.backend(texts, n)
+        if self.transcript is not None:
+            self.transcript.extend({"prompt": t, "replies": list(r)} for t, r in zip(texts, replies, strict=True))
+        return replies
 
     def _shown(self, responses: Sequence[str]) -> list[str]:
         """The responses as the judge sees them: whole, or (``answer_only``) their final answers."""
@@ -236,7 +245,7 @@ class PointwiseJudge(_Judge):
         texts = [render_template(self.template, prompt=p, response=r, principle=self.principle, scale=self.scale)
                  for p, r in zip(prompts, self._shown(responses), strict=True)]
         out: list[float | None] = []
-        for replies in self.backend(texts, self.samples):
+        for replies in self._replies(texts, self.samples):
             scores = [parse_score(reply, *self.scale) for reply in replies]
             self._count("replies", len(scores))
             self._count("unparseable", sum(s is None for s in scores))
@@ -262,7 +271,7 @@ class PairwiseJudge(_Judge):
     def _ask(self, prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> list[str | None]:
         texts = [render_template(self.template, prompt=p, response_a=a, response_b=b, principle=self.principle)
                  for p, a, b in zip(prompts, self._shown(first), self._shown(second), strict=True)]
-        verdicts = [parse_verdict(replies[0]) for replies in self.backend(texts, 1)]
+        verdicts = [parse_verdict(replies[0]) for replies in self._replies(texts, 1)]
         self._count("replies", len(verdicts))
         self._count("unparseable", sum(v is None for v in verdicts))
         return verdicts

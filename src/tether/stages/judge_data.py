@@ -56,6 +56,8 @@ def run_judge_data(cfg: JudgeDataConfig, run_dir: Path, resume: bool) -> dict[st
 
 # ---- judge evaluation ------------------------------------------------------------------------------------
 
+VERDICTS_FILE = "verdicts.jsonl"
+
 
 def synthetic_pairs(task: Any, source: Any, *, answers_only: bool = False) -> list[tuple[str, str, str]]:
     """``(prompt, right, wrong)`` from the task's eval split: the right completion against one with a single
@@ -120,27 +122,47 @@ def policy_pairs(task: Any, cfg: PolicyPairsConfig, seed: int, *, steps: bool = 
                    "pairs": float(len(pairs["policy"])), "wrong_pairs": float(len(pairs["policy_wrong"]))}
 
 
-def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, str, str]]) -> dict[str, float]:
+def judge_figures(judge: PairwiseJudge | PointwiseJudge, pairs: list[tuple[str, str, str]],
+                  rows: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """A judge's figures on ``(prompt, right, wrong)`` pairs. Pairwise: :func:`tether.core.win_rate.verdict_accuracy`
     with the right answer as model A. Pointwise: ``verdict_accuracy`` is the share of pairs whose right answer
-    scores higher, ``decisive_rate`` the share of unequal scores, ``decisive_accuracy`` the right share of those."""
+    scores higher, ``decisive_rate`` the share of unequal scores, ``decisive_accuracy`` the right share of those.
+    ``rows``: a list each pair's record is appended to, ``{"prompt", "responses": [right, wrong], "verdicts"
+    (pairwise: the parsed verdict with the right answer shown first, then second) or "scores" (pointwise),
+    "replies": what the judge wrote for each}``."""
     prompts, right, wrong = (list(column) for column in zip(*pairs, strict=True))
-    if isinstance(judge, PairwiseJudge):
-        counts = count_swapped_verdicts(judge.verdicts(prompts, right, wrong), judge.verdicts(prompts, wrong, right))
-        return {**verdict_accuracy(counts), "pairs": float(counts.n)}
-    scored = list(zip(judge.score(prompts, right), judge.score(prompts, wrong), strict=True))
-    wins = sum(r is not None and w is not None and r > w for r, w in scored)
-    decided = sum(r is not None and w is not None and r != w for r, w in scored)
-    out = {"verdict_accuracy": wins / len(scored), "decisive_rate": decided / len(scored), "pairs": float(len(scored))}
-    if decided:
-        out["decisive_accuracy"] = wins / decided
+    judge.transcript = [] if rows is not None else None
+    try:
+        if isinstance(judge, PairwiseJudge):
+            first, second = judge.verdicts(prompts, right, wrong), judge.verdicts(prompts, wrong, right)
+            counts = count_swapped_verdicts(first, second)
+            out = {**verdict_accuracy(counts), "pairs": float(counts.n)}
+            kind, outcomes = "verdicts", list(zip(first, second, strict=True))
+        else:
+            scored = list(zip(judge.score(prompts, right), judge.score(prompts, wrong), strict=True))
+            wins = sum(r is not None and w is not None and r > w for r, w in scored)
+            decided = sum(r is not None and w is not None and r != w for r, w in scored)
+            out = {"verdict_accuracy": wins / len(scored), "decisive_rate": decided / len(scored),
+                   "pairs": float(len(scored))}
+            if decided:
+                out["decisive_accuracy"] = wins / decided
+            kind, outcomes = "scores", scored
+        if rows is not None:  # the transcript holds one entry per pair for each of the two calls, in order
+            replies = [entry["replies"] for entry in judge.transcript]
+            rows.extend({"prompt": p, "responses": [r, w], kind: list(outcome), "replies": [a, b]}
+                        for p, r, w, outcome, a, b in zip(prompts, right, wrong, outcomes, replies[:len(pairs)],
+                                                           replies[len(pairs):], strict=True))
+    finally:
+        judge.transcript = None
     return out
 
 
 def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     """Judge the held-out pairs of ``cfg`` (synthetic, and the policy's own with ``cfg.policy``); figures
     ``synthetic/*``, ``wrong_step/*`` (with ``right: steps``), ``policy/*`` and ``policy_wrong/*`` (how often the judge decides between two wrong
-    answers) are the stage's results."""
+    answers) are the stage's results. Every pair's verdicts and the judge's replies go to ``STAGE/verdicts.jsonl``
+    (:func:`judge_figures`' rows with their ``source``: the right response first, except ``policy_wrong``'s two
+    wrong ones)."""
     import torch
 
     from tether.scoring import build_judge
@@ -163,15 +185,19 @@ def run_judge_eval(cfg: JudgeEvalConfig, run_dir: Path, resume: bool) -> dict[st
         raise ConfigError("judge_eval: no pairs to judge (task.eval_n is 0 and the policy gave no right-and-wrong "
                           "prompt)")
     judge = build_judge(cfg.judge, log_dir=stage_dir)
+    verdicts: list[dict[str, Any]] = []
     try:
         for name, pairs in sources.items():
             if not pairs:
                 continue
-            figures = judge_figures(judge, pairs)
+            rows: list[dict[str, Any]] = []
+            figures = judge_figures(judge, pairs, rows)
+            verdicts += [{"source": name, **row} for row in rows]
             if name == "policy_wrong":  # both wrong: "accuracy" means nothing, a decided pair is a judge error
                 figures = {k: v for k, v in figures.items() if k in ("decisive_rate", "position_consistency")}
             results.update({f"{name}/{k}": v for k, v in figures.items()})
     finally:
         judge.close()
+    write_jsonl_atomic(stage_dir / VERDICTS_FILE, verdicts)
     ckpt.mark_done(stage_dir, {"stage": cfg.name, "type": cfg.type, "results": results})
     return results
