@@ -81,6 +81,22 @@ def test_misread_by_hand():
     assert "misread" not in {r["error"] for r in preference_records(TASK, 200)}  # not a default kind
 
 
+def test_answer_digit_by_hand():
+    # 85+50 = 135: the trace right, one digit of the answer at any position off by one, never a leading 0
+    right = wrong_addition(85, 50, random.Random(0), ["answer"])[0][:-1]
+    answers = set()
+    for seed in range(80):
+        steps, bad, kind = wrong_addition(85, 50, random.Random(seed), ["answer_digit"])
+        assert kind == "answer_digit" and bad == 2 and steps[:-1] == right
+        answer = steps[-1]
+        assert len(answer) == 3 and sum(a != b for a, b in zip(answer, "135", strict=True)) == 1
+        assert all(abs(int(a) - int(b)) <= 1 for a, b in zip(answer, "135", strict=True))
+        answers.add(answer)
+    assert answers == {"235", "125", "145", "134", "136"}  # every position, both ways where a digit allows
+    assert {wrong_addition(4, 5, random.Random(s), ["answer_digit"])[0][-1] for s in range(20)} == {"8"}  # 9 -> 8
+    assert "answer_digit" not in {r["error"] for r in preference_records(TASK, 200)}  # not a default kind
+
+
 def _join_trace(steps: list[str]) -> str:
     return "<think>" + "".join(s + "|" for s in steps[:-1]) + "</think>" + steps[-1]
 

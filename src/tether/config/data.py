@@ -170,11 +170,12 @@ class PreferenceTaskSource(TaskSpec):
     kind: Literal["correctness", "style", "mixed", "stepwise", "ranking"] | None = Field(
         None, description="pairs (correctness / style / mixed), stepwise traces or K-way rankings; default by "
                           "stage")
-    errors: list[Literal["slip", "dropped_carry", "answer", "misread", "stop"]] = Field(
+    errors: list[Literal["slip", "dropped_carry", "answer", "misread", "answer_digit", "stop"]] = Field(
         default_factory=lambda: list(PREFERENCE_ERRORS), min_length=1,
         description="kinds of mistake in wrong completions / steps (tether.tasks.preferences.wrong_addition; "
-                    "'misread', an operand digit copied wrong, is not a default); stepwise traces may also 'stop' "
-                    "before the answer")
+                    "not defaults: 'misread', an operand digit copied wrong, and 'answer_digit', one digit of "
+                    "the answer copied wrong under a right trace); stepwise traces may also 'stop' before the "
+                    "answer")
     wrong_fraction: float = Field(0.5, ge=0, le=1, description="stepwise: share of traces with a wrong step")
     completions: int = Field(4, ge=2, le=6, description="ranking: answers per prompt, K (ranked by correctness, "
                                                         "then conciseness)")

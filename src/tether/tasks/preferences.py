@@ -52,7 +52,7 @@ FILLERS = (
 )
 Kind = Literal["correctness", "style", "mixed"]
 ERRORS = ("slip", "dropped_carry", "answer")  # the default kinds
-ALL_ERRORS = (*ERRORS, "misread")
+ALL_ERRORS = (*ERRORS, "misread", "answer_digit")
 STEPWISE_ERRORS = (*ALL_ERRORS, "stop")
 
 _NUMBER = re.compile(r"\d+")
@@ -68,6 +68,14 @@ def _nudge(value: int, rng: random.Random) -> int:
     return value + 1 if value == 0 or rng.random() < 0.5 else value - 1
 
 
+def _miscopied_digit(number: str, rng: random.Random) -> str:
+    """``number`` with one digit, at a uniformly drawn position, off by one (0-9; a leading digit never 0)."""
+    i = rng.randrange(len(number))
+    digit = int(number[i])
+    options = [d for d in (digit - 1, digit + 1) if 0 <= d <= 9 and not (d == 0 and i == 0 and len(number) > 1)]
+    return number[:i] + str(rng.choice(options)) + number[i + 1:]
+
+
 def wrong_addition(a: int, b: int, rng: random.Random, errors: Sequence[str] = ERRORS) -> tuple[list[str], int, str]:
     """The steps of ``a+b`` (one per column, then the answer) with one error carried through.
 
@@ -76,9 +84,12 @@ def wrong_addition(a: int, b: int, rng: random.Random, errors: Sequence[str] = E
     a column that has a carry-in written without it (weighted twice, as it only applies to some
     problems); ``answer``, the trace right but the answer miscopied, off by one; ``misread`` (not a
     default), one operand digit of a column copied off by one from the prompt and summed as written, the
-    error a small policy makes most (``33+82=`` -> ``3+2=5 c0|2+8=10 c1|``). Columns after a
-    wrong one are computed correctly from the wrong carry, and the answer is read off the wrong
-    trace. When no allowed kind applies (only ``dropped_carry`` and no carry), ``answer`` is used.
+    error a small policy makes most (``33+82=`` -> ``3+2=5 c0|2+8=10 c1|``); ``answer_digit`` (not a
+    default), the trace right but one digit of the answer, at any position, copied off by one
+    (``85+50=`` -> ``...|8+5=13 c1|</think>125``), where ``answer``'s +-1 on the value almost always moves
+    the last digit only: a judge trained without it can check the trace's digits instead of the answer's.
+    Columns after a wrong one are computed correctly from the wrong carry, and the answer is read off the
+    wrong trace. When no allowed kind applies (only ``dropped_carry`` and no carry), ``answer`` is used.
     """
     da = [int(c) for c in reversed(str(a))]
     db = [int(c) for c in reversed(str(b))]
@@ -90,6 +101,8 @@ def wrong_addition(a: int, b: int, rng: random.Random, errors: Sequence[str] = E
     kind = rng.choice(options) if options else "answer"
     if kind == "answer":
         return [*correct[:width], str(_nudge(a + b, rng))], width, kind
+    if kind == "answer_digit":
+        return [*correct[:width], _miscopied_digit(str(a + b), rng)], width, kind
     bad = rng.choice(carried) if kind == "dropped_carry" else rng.randrange(width)
     if kind == "misread":  # past the shorter operand's last digit only the longer one has a digit to misread
         first = bad < len(da) and (bad >= len(db) or rng.random() < 0.5)
