@@ -40,6 +40,19 @@ def test_aggregate_results_by_hand():
     assert summary["values"] == [0.4, 0.5, 0.6]
 
 
+def test_the_console_summary_shows_headline_figures_or_says_there_are_none(capsys):
+    from tether.console import print_seed_results
+
+    figures = {"train/loss": {"mean": 0.5, "std": 0.1, "n": 2, "ci95": [0.1, 0.9], "values": [0.4, 0.6]}}
+    accuracy = {"mean": 0.25, "std": 0.05, "n": 2, "ci95": [0.0, 0.7], "values": [0.2, 0.3]}
+    print_seed_results({"judge": figures, "sft": {**figures, "accuracy": accuracy}})
+    shown = capsys.readouterr().out
+    assert "25.0% +- 5.0" in shown and "20.0% 30.0%" in shown and "train/loss" not in shown
+    print_seed_results({"judge": figures})  # no headline figure: a sentence, not an empty table
+    shown = capsys.readouterr().out
+    assert "no headline figure" in shown and "results.json" in shown and "┃" not in shown
+
+
 def test_the_recipe_seed_shifts_every_seed_but_the_held_out_evaluation():
     recipe = load_recipe("r1-arithmetic")
     base = validate_recipe(recipe)

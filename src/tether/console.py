@@ -88,7 +88,11 @@ def print_seed_results(aggregated: dict[str, dict[str, dict]]) -> None:
                 table.add_row(stage, key + (" (points)" if gain else ""), f"{fmt(s['mean'])} +- {s['std'] * 100:.1f}",
                               f"[{fmt(s['ci95'][0])}, {fmt(s['ci95'][1])}]", str(s["n"]),
                               " ".join(fmt(v) for v in s["values"]))
-    console.print(table)
+    if table.row_count:
+        console.print(table)
+    else:  # an empty table would read as a run that measured nothing
+        console.print(f"across seeds: no headline figure ({', '.join(HEADLINE_FIGURES)}) in this recipe's results; "
+                      "every figure's mean, std and interval is in results.json and the report", soft_wrap=True)
 
 
 def print_plan(name: str, run_dir: Path, plan: list[dict[str, Any]]) -> None:
