@@ -42,7 +42,8 @@ EFFECTS = [
            arguments=("--stages", "orpo", "*.optim.fused=false")),
     # +16.8 +- 5.7, [+2.6, +31.1]; EPYC +10.2 +- 3.2 [+2.3, +18.2]
     Effect("online-dpo-arithmetic", "online_dpo", "gain/accuracy", "at least", 0.07, 0.0),
-    # +15.4 +- 3.4, [+6.9, +23.8]; EPYC over 5 seeds +10.8 +- 6.2 [+3.1, +18.4] (its first 3: [-2.0, +15.2])
+    # +15.4 +- 3.4, [+6.9, +23.8]; EPYC over 5 seeds +10.8 +- 6.2 [+3.1, +18.4] (its first 3: [-2.0, +15.2]); with
+    # answer_digit negatives (31c3ba1) EPYC over 5 seeds +11.5 +- 3.6 [+7.0, +16.0]
     Effect("oaif-arithmetic", "oaif", "gain/accuracy", "at least", 0.04, 0.0, seeds=5),
     # +4.8 +- 1.5, [+1.1, +8.6] (5 seeds +6.9 +- 3.3); EPYC over 5 seeds +7.0 +- 3.9 [+2.2, +11.9] (first 3: [-4.0, +13.7])
     Effect("self-rewarding", "self_rewarding", "gain/accuracy", "at least", 0.03, 0.0, seeds=5),
