@@ -21,21 +21,17 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 import workloads as wl
 
+from tether.core.language_modeling import next_token_loss
 from tether.data.packing import _packed_rows_batch, model_inputs, pad_examples
 from tether.models import build_tiny
 from tether.trainers.sft import SFTConfig, SFTTrainer
 
 
 def batch_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:
-    """Token-mean cross-entropy of the batch's labels (shifted by one)."""
-    logits = model(**model_inputs(batch)).logits[:, :-1].float()
-    labels = batch["labels"][:, 1:]
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
-                            reduction="sum")
-    return total / batch["num_loss_tokens"]
+    """The SFT trainer's loss of the batch: token-mean next-token cross-entropy (``next_token_loss``)."""
+    return next_token_loss(model(**model_inputs(batch)).logits, batch["labels"])[0]
 
 
 def main() -> None:
