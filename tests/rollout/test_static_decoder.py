@@ -84,6 +84,21 @@ def test_the_decoders_own_prefill_equals_a_padded_forward(arch, group, tokenizer
                                   reference.step(token, position[:, 0] + step), atol=1e-5)
 
 
+def test_the_lean_prefills_last_layer_projects_and_feeds_forward_only_each_prompts_last_token(tokenizer):
+    """Every token's keys and values are cached, but the last layer's output projection and MLP see one row per
+    distinct prompt (the rows the logits read); the layers below see every real token."""
+    model = build_tiny("tiny")[0].eval()
+    prompts = [p for p in _prompts(tokenizer, 5) for _ in range(2)]  # 5 distinct prompts, 2 rows each
+    rows: dict[int, int] = {}  # projection id -> rows it multiplied
+    call = projection.Projection.__call__
+    with pytest.MonkeyPatch.context() as patch, torch.inference_mode():
+        patch.setattr(projection.Projection, "__call__", lambda self, x: rows.setdefault(id(self), len(x)) and call(self, x))
+        decoder = HFEngine(model, tokenizer)._prefill(prompts, 4, 2, lean=True)[1]
+    *lower, last = [[rows[id(p)] for p in (layer.o, layer.gate_up, layer.down)] for layer in decoder.layers]
+    assert last == [5, 5, 5]
+    assert lower == [[sum(len(p) for p in prompts[::2])] * 3] * (len(decoder.layers) - 1)
+
+
 def test_a_bfloat16_models_lean_prefill_gives_a_padded_forwards_logits(tokenizer):
     """bfloat16 projections, float32 attention over the float32 cache: a padded bfloat16 forward's logits
     to bfloat16 rounding."""

