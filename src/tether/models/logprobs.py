@@ -36,12 +36,14 @@ from tether.data.prefix_sharing import (
 )
 from tether.data.tokenize import TokenizedExample
 from tether.models.cascade_attention import cascade_forward, cascade_pays, supports_cascade
+from tether.models.output_head import head_at, output_head
 from tether.models.reward_model import layout_sequences
 
 
 @dataclass
 class ScoredForward:
-    """One packed forward pass and where each scored token sits in it: ``logits`` (rows, width, V); the
+    """One packed forward pass and where each scored token sits in it: ``logits`` (rows, width, V), or (1, K, V)
+    at the K scored positions only (a large vocabulary: :mod:`tether.models.output_head`); the
     flat logits position predicting each scored token (``keys``) and the token (``targets``), both in the
     order of ``valid`` (N, W)'s True entries; ``primary``: the token is that position's own label (False
     where a shared prefix position predicts two tokens, at a branch point)."""
@@ -111,11 +113,6 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
         steps = torch.arange(int(lengths.max()))
         columns = torch.where(steps[None, :] < lengths[:, None], plain.starts[:, None] + steps[None, :], -1)
         width_in = plain.input_ids.shape[1]
-    if cascade:
-        logits = cascade_forward(model, packed).logits
-    else:
-        logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
-
     width = int((lengths - first).max())
     j = torch.arange(width)
     valid = j[None, :] < (lengths - first)[:, None]
@@ -126,8 +123,18 @@ def scored_forward(model: torch.nn.Module, sequences: Sequence[Sequence[int]], *
     targets = padded.gather(1, targets_at)[valid].to(device)
     predicted_at = columns.gather(1, targets_at - 1)[valid]
     keys = (rows[:, None].expand_as(valid)[valid] * width_in + predicted_at).to(device)
+
+    head = output_head(model)
+    positions = None
+    if head is not None:  # the head at the scored positions only: logits (1, K, V), keys index them
+        positions, keys = torch.unique(keys, return_inverse=True)
+    with nullcontext() if positions is None else head_at(head, positions):
+        if cascade:
+            logits = cascade_forward(model, packed).logits
+        else:
+            logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}).logits
     # one label per logits position: the first token a position predicts is its primary one
-    labels = torch.full((logits.shape[0] * width_in,), -100, dtype=torch.long, device=device)
+    labels = torch.full((logits.shape[0] * logits.shape[1],), -100, dtype=torch.long, device=device)
     labels[keys] = targets
     return ScoredForward(logits, keys, targets, valid.to(device), labels[keys] == targets)
 
