@@ -11,9 +11,9 @@ rows of the flattened hidden states: the model returns logits of shape (1, K, V)
 ``positions``. Whatever the model does after its head (soft-capping, scaling) still applies, and wrappers
 (DDP, FSDP2, PEFT) are called as usual.
 
-The logits are the same to float rounding (a matrix product's row does not depend on the other rows on
-the CPUs measured, so the forward is bitwise the same there), but the head's weight gradient sums over
-fewer rows, in another order. :data:`HEAD_GATHER_MIN_VOCAB` keeps the plain head for small vocabularies,
+The logits are the same to float rounding (bitwise on the Zen 4 CPU the tests were measured on, where a
+matrix product's row does not depend on the other rows), but the head's weight gradient sums over fewer
+rows, in another order. :data:`HEAD_GATHER_MIN_VOCAB` keeps the plain head for small vocabularies,
 where the saving is nothing (the built-in tiny models have 109 tokens and a head of 14k-56k weights), so
 their runs are unchanged to the last bit.
 """
