@@ -32,3 +32,21 @@ def test_next_token_loss_matches_a_loop():
                 total -= torch.log_softmax(logits[b, t], -1)[target].item()
                 count += 1
     assert math.isclose(loss.item(), total / count, rel_tol=1e-5)
+
+
+def test_aligned_labels_give_the_shifted_loss():
+    """predicted_labels by hand, and the loss on logits already aligned with them (the loss positions only, as a
+    large-vocabulary SFT step computes them) equals the shifted loss over every position."""
+    from tether.core.language_modeling import predicted_labels
+
+    labels = torch.tensor([[-100, 1, -100, 2], [5, 6, 7, -100]])
+    assert predicted_labels(labels).tolist() == [[1, -100, 2, -100], [6, 7, -100, -100]]
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 9)
+    loss, metrics = next_token_loss(logits, labels, denominator=5)
+    predicted = predicted_labels(labels).reshape(-1)
+    positions = (predicted != -100).nonzero().squeeze(-1)
+    scored = logits.reshape(-1, 9)[positions][None]
+    aligned, aligned_metrics = next_token_loss(scored, predicted[positions][None], denominator=5, aligned=True)
+    torch.testing.assert_close(aligned, loss)
+    assert aligned_metrics["loss_tokens"] == metrics["loss_tokens"] == 4

@@ -132,3 +132,39 @@ def test_on_error_skip_trains_on_the_good_rows_and_counts_the_rest(tmp_path):
     trainer = SFTTrainer(SFTConfig(**skip), *build_tiny(), tmp_path / "skip")
     assert len(trainer.examples) == 14
     assert trainer.fit()["data/skipped"] == 2
+
+
+def test_a_large_vocabulary_takes_the_head_at_the_loss_positions_with_the_same_loss_and_gradients(tmp_path,
+                                                                                                  monkeypatch):
+    """A 2,048-token model (>= HEAD_GATHER_MIN_VOCAB): the SFT loss runs its LM head on the loss positions only, and
+    the loss and every gradient equal the plain head's over all positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import tether.models.output_head as output_head_module
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, max_position_embeddings=256, pad_token_id=0))
+    tokenizer = build_tiny("tiny", seed=0)[1]
+    trainer = SFTTrainer(make_config(), model, tokenizer, tmp_path / "run", records=RECORDS)
+    batch = trainer.micro_batches_for_step(0)[0]
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: rows.append(args[0].shape[1]))
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss, metrics = trainer.loss_fn(batch, 100.0)
+        loss.backward()
+        return loss.detach(), metrics["loss_tokens"], [p.grad.clone() for p in model.parameters()]
+
+    try:
+        gathered = loss_and_grads()
+        with monkeypatch.context() as patch:
+            patch.setattr(output_head_module, "HEAD_GATHER_MIN_VOCAB", 10**9)
+            full = loss_and_grads()
+    finally:
+        hook.remove()
+    assert rows[0] == int(gathered[1]) < batch["input_ids"].numel() == rows[1] * batch["input_ids"].shape[0]
+    torch.testing.assert_close(gathered[0], full[0], atol=1e-6, rtol=1e-6)
+    for a, b in zip(gathered[2], full[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from tether.config.sft import SFTConfig
-from tether.core.language_modeling import next_token_loss
+from tether.core.language_modeling import next_token_loss, predicted_labels
 from tether.data import TokenizedExample, make_batches, model_inputs, tokenize_dataset
 from tether.data.mixing import Mixture
 from tether.data.schemas import DataError
 from tether.data.sources import mix_records, training_records
+from tether.models.output_head import head_at, output_head
 from tether.trainers.distributed import all_reduce_sum
 from tether.trainers.loop import Trainer
 
@@ -132,8 +133,16 @@ class SFTTrainer(Trainer):
     def loss_fn(self, batch: dict, denominator: float) -> tuple[torch.Tensor, dict]:
         device = self.device  # batches are built on CPU
         batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        logits = self.model(**model_inputs(batch)).logits
-        return next_token_loss(logits, batch["labels"], denominator=denominator)
+        head = output_head(self.model)
+        if head is None:
+            logits = self.model(**model_inputs(batch)).logits
+            return next_token_loss(logits, batch["labels"], denominator=denominator)
+        # a large vocabulary: the head at the loss positions only (tether.models.output_head)
+        predicted = predicted_labels(batch["labels"]).reshape(-1)
+        positions = (predicted != -100).nonzero().squeeze(-1)
+        with head_at(head, positions):
+            logits = self.model(**model_inputs(batch)).logits  # (1, K, V)
+        return next_token_loss(logits, predicted[positions][None], denominator=denominator, aligned=True)
 
     def training_step(self) -> dict[str, Any]:
         batches = self.micro_batches_for_step(self.step)
