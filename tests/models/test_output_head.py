@@ -1,23 +1,26 @@
 """The LM head at the scored positions only: the same log-probs, entropies, distributions and gradients as the
 head over every position, from a head that multiplies only the rows a loss reads."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import tether.models.output_head as output_head_module
 from tether.models import build_tiny
 from tether.models.logprobs import scored_forward, token_logprobs
 from tether.models.output_head import head_at, output_head
 
+WORKER = Path(__file__).with_name("output_head_worker.py")
+_spec = importlib.util.spec_from_file_location("output_head_worker", WORKER)
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return LlamaForCausalLM(config).eval()
+    return worker.model_and_batch()[0].eval()  # a Llama of 2,048 tokens, the one the torchrun worker uses
 
 
 def _batch():
@@ -112,16 +115,14 @@ def test_ddp_and_fsdp2_wrapped_models_get_the_single_process_gradients(tmp_path)
     import socket
     import subprocess
     import sys
-    from pathlib import Path
 
-    worker = Path(__file__).with_name("output_head_worker.py")
     out = tmp_path / "grads.json"
     with socket.socket() as probe:  # a free port (torchrun's port 0 does not rendezvous)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-                           str(worker), str(out)], env=env, capture_output=True, text=True, timeout=300)
+                           str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     worst = json.loads(out.read_text())
     assert set(worst) == {"ddp", "fsdp2"} and all(v < 1e-5 for v in worst.values()), worst
