@@ -126,3 +126,21 @@ def test_ddp_and_fsdp2_wrapped_models_get_the_single_process_gradients(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     worst = json.loads(out.read_text())
     assert set(worst) == {"ddp", "fsdp2"} and all(v < 1e-5 for v in worst.values()), worst
+
+
+def test_a_lora_model_with_an_adapted_head_gives_the_plain_heads_log_probs(monkeypatch):
+    """PEFT's wrapper is looked through to its (LoRA-adapted) head, and the scored rows give the same log-probs."""
+    from peft import LoraConfig, get_peft_model
+
+    from tether.models.logprobs import completion_logprobs
+
+    base, prompts, completions = worker.model_and_batch()
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "lm_head"]))
+    assert output_head(model) is base.get_output_embeddings()
+
+    def logps():
+        return completion_logprobs(model, prompts, completions, temperature=1.0, row_tokens=64, pad_token_id=0)[0]
+
+    gathered = logps()
+    monkeypatch.setattr(output_head_module, "HEAD_GATHER_MIN_VOCAB", 10**9)
+    torch.testing.assert_close(gathered, logps(), atol=1e-6, rtol=1e-6)
