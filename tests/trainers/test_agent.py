@@ -165,6 +165,53 @@ def test_agent_config_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="remax"):
         AgentConfig(algorithm="remax")
     assert AgentConfig().rewards[0].name == "trajectory"
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        AgentConfig(dynamic_sampling={"enabled": True}, rollout={"group_size": 1})
+    with pytest.raises(ValueError, match=r"<= agent\.max_tokens \(32\)"):
+        AgentConfig(overlong={"buffer": 64}, agent={"max_tokens": 32})
+
+
+def test_agent_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path):
+    """DAPO's dynamic sampling over episodes (``algorithm: dapo``): tasks with an odd answer score 0 in every
+    episode, so their groups are dropped and refilled with new tasks' episodes; the batch still holds
+    ``batch_size`` whole groups, each with reward variance (the last round's excepted), and the figures are the
+    first round's."""
+
+    def even_answers_only(prompts, completions, trajectory, answer, **columns):
+        digits = generated_digits(prompts, completions, trajectory)
+        return [d if int(a) % 2 == 0 else 0.0 for d, a in zip(digits, answer, strict=True)]
+
+    cfg = config(algorithm="dapo", overlong=None, dynamic_sampling={"enabled": True, "max_rounds": 6},
+                 train={"max_steps": 1, "batch_size": 4, "progress": False})
+    assert cfg.clip.high == 0.28 and cfg.loss_agg == "token-mean"  # the dapo preset; the kl here is explicit
+    t = trainer(tmp_path, cfg, rewards=(even_answers_only,))
+    rounds = []
+    sample_round = t.sample_round
+    t.sample_round = lambda indices, r: rounds.append((list(indices), r)) or sample_round(indices, r)
+    batch = t.collect()
+    assert len(rounds) > 1 and [r for _, r in rounds] == list(range(len(rounds)))
+    dropped = batch.metrics["dynamic_sampling/dropped_groups"]
+    assert dropped == sum(len(indices) for indices, _ in rounds) - 4 > 0
+    assert len(batch.prompt_indices) == 4 and len(batch.rollout) == 16 == len(batch.rollout.trajectories)
+    groups = batch.scores.view(4, 4)
+    last_round = set(rounds[-1][0])
+    for index, group, start in zip(batch.prompt_indices, groups, range(0, 16, 4), strict=True):
+        assert all(t.task is batch.rollout.trajectories[start].task for t in batch.rollout.trajectories[start:start + 4])
+        assert batch.rollout.trajectories[start].task is t.records[index]
+        assert index in last_round or group.max() > group.min()
+    assert batch.metrics["agent/turns"] >= 1 and batch.rollout.prompt_index == [i // 4 for i in range(16)]
+
+
+def test_agent_overlong_shaping_counts_the_episode_tokens_against_the_episode_budget(tmp_path):
+    from tether.rewards import overlong_penalty
+
+    cfg = config(overlong={"buffer": 120, "penalty": 0.5})  # buffer = agent.max_tokens: every token costs
+    t = trainer(tmp_path, cfg, rewards=(lambda prompts, completions, **columns: [0.0] * len(completions),))
+    rollout, rewards, _ = t.sample_round(t.next_prompts(4), 0)
+    lengths = torch.tensor([float(len(tr.token_ids)) for tr in rollout.trajectories])
+    assert any(0 in tr.action_mask for tr in rollout.trajectories)  # observation tokens count too
+    assert torch.equal(rewards, overlong_penalty(lengths, max_length=120, buffer=120, penalty=0.5))
+    assert torch.allclose(rewards, -0.5 * lengths / 120)
 
 
 @pytest.mark.slow
@@ -175,6 +222,39 @@ def test_agent_arithmetic_recipe_raises_held_out_success(tmp_path):
     recipe = apply_recipe_overrides(load_recipe("agent-arithmetic"), ["*.train.threads=1", "*.train.progress=false"])
     results = run_recipe(recipe, tmp_path, report=False)
     assert results["grpo"]["success"] > results["sft"]["success"], results
+
+
+def test_agent_critic_study_gives_the_critic_and_the_group_baseline_the_same_episodes():
+    """The study's two RL stages start from the same SFT model in the same environment, at the same policy
+    learning rate, and sample the same number of episodes; only the advantage differs (a critic's GAE
+    against the group baseline), and the compare stage draws both."""
+    from tether.stages.pipeline import validate_recipe
+    from tether.stages.recipes import load_recipe
+
+    configs = {c.name: c for c in validate_recipe(load_recipe("agent-critic-study"))}
+    assert [c.type for c in configs.values()] == ["agent_sft", "agent", "agent", "compare"]
+    grpo, ppo = configs["grpo"], configs["ppo"]
+
+    def episodes(c):
+        return c.train.max_steps * c.train.batch_size * c.rollout.group_size
+
+    assert episodes(grpo) == episodes(ppo) == 2560
+    assert grpo.model.name_or_path == ppo.model.name_or_path == "sft" and grpo.optim.lr == ppo.optim.lr
+    assert grpo.environment == ppo.environment == configs["sft"].environment and grpo.agent == ppo.agent
+    assert grpo.critic is None and grpo.advantage == "grpo" and grpo.rollout.group_size == 8
+    assert ppo.critic.init == "policy" and ppo.advantage == "gae" and ppo.rollout.group_size == 1
+    assert configs["critic-vs-group"].stages == ["grpo", "ppo"]
+
+
+@pytest.mark.slow
+def test_agent_critic_study_ppo_raises_held_out_success(tmp_path):
+    from tether import stages  # noqa: F401
+    from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
+
+    recipe = apply_recipe_overrides(load_recipe("agent-critic-study"), ["*.train.threads=1", "*.train.progress=false"])
+    results = run_recipe(recipe, tmp_path, report=False)
+    assert results["ppo"]["success"] > results["sft"]["success"] + 0.2, results
+    assert (tmp_path / "critic-vs-group.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -178,9 +178,11 @@ class AgentConfig(GRPOConfig):
 
     @model_validator(mode="after")
     def _agent_supported(self) -> AgentConfig:
-        if set(ADVANTAGE_ESTIMATORS.needs(self.advantage)) - {"values"} or self.dynamic_sampling.enabled \
-                or self.overlong is not None:
-            raise ValueError("the agent trainer does not support advantages that need extra rollouts (remax), "
-                             "dynamic_sampling or overlong shaping")
+        if set(ADVANTAGE_ESTIMATORS.needs(self.advantage)) - {"values"}:
+            raise ValueError("the agent trainer does not support advantages that need extra rollouts (remax)")
         return self
+
+    def length_limit(self) -> tuple[str, int]:
+        """An episode's budget of generated and observation tokens (``rollout.max_new_tokens`` is unused)."""
+        return "agent.max_tokens", self.agent.max_tokens
 

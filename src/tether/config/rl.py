@@ -309,10 +309,16 @@ class RLConfig(StageConfig):
             if self.dynamic_sampling.enabled:
                 raise ValueError("async does not support dynamic sampling (its rounds depend on the rewards of "
                                  "the step's own samples): drop one")
-        if self.overlong is not None and self.overlong.buffer > self.rollout.max_new_tokens:
-            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= rollout.max_new_tokens "
-                             f"({self.rollout.max_new_tokens})")
+        if self.dynamic_sampling.enabled and self.rollout.group_size < 2:
+            raise ValueError("dynamic_sampling keeps groups whose rewards differ: it needs rollout.group_size >= 2")
+        key, limit = self.length_limit()
+        if self.overlong is not None and self.overlong.buffer > limit:
+            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= {key} ({limit})")
         return self
+
+    def length_limit(self) -> tuple[str, int]:
+        """The length that cuts a sample (DAPO's overlong term ramps to it): the key that sets it, its value."""
+        return "rollout.max_new_tokens", self.rollout.max_new_tokens
 
     def advantage_hparams(self) -> dict[str, Any]:
         """The keyword arguments the advantage estimator is called with."""

@@ -76,18 +76,23 @@ class AgentRLTrainer(RLTrainer):
         self.loop = self.async_sampler().loop(self.engine, tokenizer)
 
     def collect(self) -> RLBatch:
-        figures: dict[str, float] = {}
-        if self.config.async_rollout.max_staleness:  # run ahead by the producer process
-            indices, trajectories, figures = self.async_take()
-        else:
-            indices = self.next_prompts(self.config.train.batch_size)
-            trajectories = self.loop.run(self.sampling_request(indices), self.sampling_params(0))
+        if not self.config.async_rollout.max_staleness:  # RLTrainer's rounds (dynamic sampling) of sample_round
+            return super().collect()
+        indices, trajectories, figures = self.async_take()  # run ahead by the producer process
+        rollout, rewards, metrics = self.episodes(indices, trajectories)
+        return RLBatch(indices, rollout, rewards, {**metrics, **figures})
+
+    def sample_round(self, indices: list[int], round_index: int) -> tuple[AgentRollout, torch.Tensor, dict[str, float]]:
+        """One round of episodes of ``indices``' tasks, scored, with the ``agent/*`` figures."""
+        return self.episodes(indices, self.loop.run(self.sampling_request(indices), self.sampling_params(round_index)))
+
+    def episodes(self, indices: list[int], trajectories: list[Trajectory]
+                 ) -> tuple[AgentRollout, torch.Tensor, dict[str, float]]:
         rollout = AgentRollout.from_trajectories(trajectories, trajectory_texts(trajectories, self.tokenizer))
         rewards, metrics = self.score(indices, rollout)
         metrics.update({f"agent/{k}": v for k, v in
                         trajectory_metrics(trajectories, self.config.agent.success_threshold).items()})
-        metrics.update(figures)
-        return RLBatch(indices, rollout, rewards, metrics)
+        return rollout, rewards, metrics
 
     def async_sampler(self) -> EpisodeSampler:
         return EpisodeSampler(self.config.environment, self.config.agent, EngineSampler.of(self.config))
@@ -97,13 +102,15 @@ class AgentRLTrainer(RLTrainer):
         return [self.records[i] for i in indices]
 
     def score(self, indices: list[int], rollout: AgentRollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The reward functions on the final answers, with the trajectories as the ``trajectory`` column."""
+        """The reward functions on the final answers, with the trajectories as the ``trajectory`` column; with
+        ``overlong``, DAPO's length term on the episode's tokens (generated and observation) against
+        ``agent.max_tokens``, the budget that cuts an episode."""
         records = [t.task for t in rollout.trajectories]
         columns = record_columns(records, exclude=("prompt", "plan", "solution"))
         columns["trajectory"] = rollout.trajectories
         result = self.rewards.score([r["prompt"] for r in records],
                                     [t.answer or "" for t in rollout.trajectories], columns)
-        return self.combine(result), result.metrics()
+        return self.with_overlong(self.combine(result), rollout), result.metrics()
 
     def advantages(self, batch: RLBatch) -> AdvantageOutputs:
         out = super().advantages(batch)

@@ -212,13 +212,15 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
             return torch.zeros(len(rollout)), {}
         prompts, columns = self.columns(indices, rollout)
         result = self.rewards.score(prompts, rollout.texts, columns)
-        rewards = self.combine(result)
-        if self.config.overlong is not None:
-            lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
-            rewards = rewards + overlong_penalty(lengths, max_length=self.config.rollout.max_new_tokens,
-                                                 buffer=self.config.overlong.buffer,
-                                                 penalty=self.config.overlong.penalty)
-        return rewards, result.metrics()
+        return self.with_overlong(self.combine(result), rollout), result.metrics()
+
+    def with_overlong(self, rewards: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+        """``rewards`` plus, when on, DAPO's overlong term on the completions' lengths (config.length_limit)."""
+        if self.config.overlong is None:
+            return rewards
+        lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
+        return rewards + overlong_penalty(lengths, max_length=self.config.length_limit()[1],
+                                          buffer=self.config.overlong.buffer, penalty=self.config.overlong.penalty)
 
     def combine(self, result: Any) -> torch.Tensor:
         """One reward per sample from the reward functions' values, by ``reward_aggregation``."""
@@ -241,9 +243,7 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
         dropped = 0
         for round_index in range(cfg.dynamic_sampling.max_rounds if dynamic else 1):
             indices = self.next_prompts(want - len(kept_idx))
-            with full_parameters(self.model):  # FSDP2 (re-entrant): whole weights while decoding
-                rollout = self.engine.generate(self.sampling_request(indices), self.sampling_params(round_index))
-            rewards, reward_metrics = self.score(indices, rollout)
+            rollout, rewards, reward_metrics = self.sample_round(indices, round_index)
             if round_index == 0:
                 metrics.update(reward_metrics)
             groups = rewards.view(-1, size)
@@ -259,7 +259,13 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
                 break
         if dynamic:
             metrics["dynamic_sampling/dropped_groups"] = dropped
-        return RLBatch(kept_idx, Rollout.concat(kept), torch.cat(kept_rewards), metrics)
+        return RLBatch(kept_idx, kept[0].concat(kept), torch.cat(kept_rewards), metrics)
+
+    def sample_round(self, indices: list[int], round_index: int) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
+        """One generation round of ``collect``: the samples of ``indices``' prompts, their rewards and figures."""
+        with full_parameters(self.model):  # FSDP2 (re-entrant): whole weights while decoding
+            rollout = self.engine.generate(self.sampling_request(indices), self.sampling_params(round_index))
+        return rollout, *self.score(indices, rollout)
 
     def greedy_baseline(self, batch: RLBatch) -> torch.Tensor:
         """ReMax's baseline: the reward of one greedy completion per prompt, repeated over its group."""
