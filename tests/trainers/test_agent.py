@@ -224,16 +224,19 @@ def test_agent_arithmetic_recipe_raises_held_out_success(tmp_path):
     assert results["grpo"]["success"] > results["sft"]["success"], results
 
 
-def test_agent_critic_study_gives_the_critic_and_the_group_baseline_the_same_episodes():
-    """The study's two RL stages start from the same SFT model in the same environment, at the same policy
-    learning rate, and sample the same number of episodes; only the advantage differs (a critic's GAE
-    against the group baseline), and the compare stage draws both."""
+def test_agent_signal_study_changes_one_thing_per_stage():
+    """The study's RL stages start from the same SFT model in the same environment, at the same policy
+    learning rate; GRPO and PPO sample the same number of episodes and differ in the advantage (a critic's
+    GAE against the group baseline); the dynamic stage is GRPO with dynamic sampling and nothing else
+    changed; the compare stage draws all three."""
     from tether.stages.pipeline import validate_recipe
     from tether.stages.recipes import load_recipe
 
-    configs = {c.name: c for c in validate_recipe(load_recipe("agent-critic-study"))}
-    assert [c.type for c in configs.values()] == ["agent_sft", "agent", "agent", "compare"]
-    grpo, ppo = configs["grpo"], configs["ppo"]
+    configs = {c.name: c for c in validate_recipe(load_recipe("agent-signal-study"))}
+    assert [c.type for c in configs.values()] == ["agent_sft", "agent", "agent", "agent", "compare"]
+    grpo, dynamic, ppo = configs["grpo"], configs["dynamic"], configs["ppo"]
+    assert dynamic.dynamic_sampling.enabled and not grpo.dynamic_sampling.enabled
+    assert dynamic.model_copy(update={"name": "grpo", "dynamic_sampling": grpo.dynamic_sampling}) == grpo
 
     def episodes(c):
         return c.train.max_steps * c.train.batch_size * c.rollout.group_size
@@ -243,18 +246,19 @@ def test_agent_critic_study_gives_the_critic_and_the_group_baseline_the_same_epi
     assert grpo.environment == ppo.environment == configs["sft"].environment and grpo.agent == ppo.agent
     assert grpo.critic is None and grpo.advantage == "grpo" and grpo.rollout.group_size == 8
     assert ppo.critic.init == "policy" and ppo.advantage == "gae" and ppo.rollout.group_size == 1
-    assert configs["critic-vs-group"].stages == ["grpo", "ppo"]
+    assert configs["agent-signal"].stages == ["grpo", "dynamic", "ppo"]
 
 
 @pytest.mark.slow
-def test_agent_critic_study_ppo_raises_held_out_success(tmp_path):
+def test_agent_signal_study_raises_held_out_success_in_every_rl_stage(tmp_path):
     from tether import stages  # noqa: F401
     from tether.stages.pipeline import apply_recipe_overrides, load_recipe, run_recipe
 
-    recipe = apply_recipe_overrides(load_recipe("agent-critic-study"), ["*.train.threads=1", "*.train.progress=false"])
+    recipe = apply_recipe_overrides(load_recipe("agent-signal-study"), ["*.train.threads=1", "*.train.progress=false"])
     results = run_recipe(recipe, tmp_path, report=False)
-    assert results["ppo"]["success"] > results["sft"]["success"] + 0.2, results
-    assert (tmp_path / "critic-vs-group.png").stat().st_size > 0
+    for stage in ("grpo", "dynamic", "ppo"):
+        assert results[stage]["success"] > results["sft"]["success"] + 0.2, results
+    assert (tmp_path / "agent-signal.png").stat().st_size > 0
 
 
 @pytest.mark.slow
