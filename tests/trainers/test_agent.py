@@ -162,13 +162,35 @@ def test_sft_demonstrations_mask_the_observations():
 
 
 def test_agent_config_rejects_what_it_cannot_do():
-    with pytest.raises(ValueError, match="remax"):
-        AgentConfig(algorithm="remax")
+    with pytest.raises(ValueError, match="step scores"):
+        AgentConfig(advantage="grpo_process", process_reward={"path": "runs/prm"})
     assert AgentConfig().rewards[0].name == "trajectory"
     with pytest.raises(ValueError, match="group_size >= 2"):
         AgentConfig(dynamic_sampling={"enabled": True}, rollout={"group_size": 1})
     with pytest.raises(ValueError, match=r"<= agent\.max_tokens \(32\)"):
         AgentConfig(overlong={"buffer": 64}, agent={"max_tokens": 32})
+
+
+def test_agent_remax_baselines_each_task_with_its_greedy_episode(tmp_path):
+    """ReMax (Li et al. 2023) on episodes: the baseline of a task's sampled episodes is the reward of one greedy
+    episode of that task, run through the same multi-turn loop and verifier."""
+    from tether.rollout import SamplingParams
+
+    t = trainer(tmp_path, config(algorithm="remax", train={"max_steps": 1, "batch_size": 3, "progress": False}))
+    assert t.config.advantage == "remax"
+    batch = t.collect()
+    baseline = t.greedy_baseline(batch)
+    greedy = t.loop.run([t.records[i] for i in batch.prompt_indices], SamplingParams(greedy=True))
+    assert [g.task for g in greedy] == [t.records[i] for i in batch.prompt_indices] and all(g.turns for g in greedy)
+    expected = torch.tensor(generated_digits(None, None, greedy), dtype=baseline.dtype).repeat_interleave(4)
+    assert baseline.shape == (12,) and torch.allclose(baseline, expected)
+    t.prepare(batch)
+    advantages = t.advantages(batch).advantages
+    assert torch.allclose(advantages[:, 0], (batch.rewards - baseline) * (batch.mask[:, 0] != 0), atol=1e-6)
+    before = [p.detach().clone() for p in t.model.parameters()]
+    metrics = t.training_step()  # a whole step: collect, greedy baseline, update
+    assert metrics["policy/loss"] == metrics["policy/loss"] and metrics["agent/turns"] >= 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
 
 
 def test_agent_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path):

@@ -178,8 +178,9 @@ class AgentConfig(GRPOConfig):
 
     @model_validator(mode="after")
     def _agent_supported(self) -> AgentConfig:
-        if set(ADVANTAGE_ESTIMATORS.needs(self.advantage)) - {"values"}:
-            raise ValueError("the agent trainer does not support advantages that need extra rollouts (remax)")
+        if "step_rewards" in ADVANTAGE_ESTIMATORS.needs(self.advantage):
+            raise ValueError(f"advantage {self.advantage!r} reads a process reward model's step scores, which the "
+                             "agent trainer has none of: use an episode-level estimator (grpo, rloo, remax, gae, ...)")
         return self
 
     def length_limit(self) -> tuple[str, int]:

@@ -49,6 +49,7 @@ from tether.core.advantages import AdvantageOutputs
 from tether.core.gigpo import discounted_step_returns, step_group_advantages
 from tether.data.sources import record_columns
 from tether.evaluation import evaluate_agent
+from tether.rollout import SamplingParams
 from tether.rollout.agent import (
     AgentLoop,
     AgentRollout,
@@ -85,6 +86,10 @@ class AgentRLTrainer(RLTrainer):
     def sample_round(self, indices: list[int], round_index: int) -> tuple[AgentRollout, torch.Tensor, dict[str, float]]:
         """One round of episodes of ``indices``' tasks, scored, with the ``agent/*`` figures."""
         return self.episodes(indices, self.loop.run(self.sampling_request(indices), self.sampling_params(round_index)))
+
+    def greedy_rewards(self, indices: list[int]) -> torch.Tensor:
+        """ReMax's baseline for episodes: one greedy episode per task, scored as the sampled ones are."""
+        return self.episodes(indices, self.loop.run(self.sampling_request(indices), SamplingParams(greedy=True)))[1]
 
     def episodes(self, indices: list[int], trajectories: list[Trajectory]
                  ) -> tuple[AgentRollout, torch.Tensor, dict[str, float]]:

@@ -269,11 +269,14 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
 
     def greedy_baseline(self, batch: RLBatch) -> torch.Tensor:
         """ReMax's baseline: the reward of one greedy completion per prompt, repeated over its group."""
+        baseline = self.greedy_rewards(batch.prompt_indices).nan_to_num(0.0)
+        return baseline.repeat_interleave(self.config.rollout.group_size).to(self.device)
+
+    def greedy_rewards(self, indices: list[int]) -> torch.Tensor:
         with full_parameters(self.model):
-            greedy = self.engine.generate([self.prompt_ids[i] for i in batch.prompt_indices],
+            greedy = self.engine.generate([self.prompt_ids[i] for i in indices],
                                           SamplingParams(greedy=True, max_new_tokens=self.config.rollout.max_new_tokens))
-        baseline, _ = self.score(batch.prompt_indices, greedy)
-        return baseline.nan_to_num(0.0).repeat_interleave(self.config.rollout.group_size).to(self.device)
+        return self.score(indices, greedy)[0]
 
     # ---- the step's tensors ---------------------------------------------------------------------
     def prepare(self, batch: RLBatch) -> None:
