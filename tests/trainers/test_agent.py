@@ -341,6 +341,35 @@ def test_agent_ppo_trains_a_critic_on_the_action_tokens(tmp_path):
     assert (tmp_path / "agent" / "value" / "config.json").is_file()  # the critic beside the policy
 
 
+def test_agent_ppo_on_a_shared_lora_backbone_trains_both_adapters_and_masks_observations(tmp_path):
+    """critic.share_backbone: policy and value LoRA adapters on one base model (no reference copy: the
+    adapter-free base is the reference). Both adapters learn, the base does not, observation tokens get no
+    advantage and no return, and the critic is exported as its adapter and head."""
+    from tether.models import apply_lora
+
+    cfg = config(algorithm="ppo", model={"lora": {"r": 4}}, critic={"lr": 3e-3, "share_backbone": True},
+                 kl={"coef": 0.05}, num_iterations=2, rollout={"group_size": 1},
+                 train={"max_steps": 2, "batch_size": 6, "log_every": 1, "progress": False})
+    model, tokenizer = build_tiny("tiny", seed=0)
+    torch.manual_seed(0)
+    t = AgentRLTrainer(cfg, apply_lora(model, {"r": 4}), tokenizer, tmp_path, reward_functions=[generated_digits])
+    assert t.ref_model is None
+    start = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    batches = []
+    collect = t.collect
+    t.collect = lambda: batches.append(collect()) or batches[-1]
+    t.fit()
+    moved = {n: not torch.equal(start[n], p) for n, p in t.model.named_parameters()}
+    assert any(m for n, m in moved.items() if ".value." in n) and any(m for n, m in moved.items() if ".default." in n)
+    assert not any(m for n, m in moved.items() if "lora_" not in n and "value_head" not in n)
+    for batch in batches:
+        observed = torch.tensor([[m == 0 for m in row] + [False] * (batch.mask.shape[1] - len(row))
+                                 for row in batch.rollout.action_masks])
+        assert observed.any() and torch.count_nonzero(batch.advantages[observed]) == 0
+        assert torch.count_nonzero(batch.returns[observed]) == 0
+    assert (tmp_path / "agent" / "value" / "adapter_model.safetensors").is_file()
+
+
 def test_agent_ppo_config_errors_are_clear():
     with pytest.raises(ValueError, match="reads no values"):
         AgentConfig(critic={"init": "policy"})

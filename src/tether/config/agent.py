@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from tether.config.base import StrictModel, deep_merge
 from tether.config.common import StageConfig, TaskSource
 from tether.config.rewards import RewardSpec
-from tether.config.rl import PRESETS, CriticConfig, GRPOConfig
+from tether.config.rl import PRESETS, CriticConfig, GRPOConfig, check_shared_backbone
 from tether.config.sft import SFTConfig
 from tether.core.advantages import ADVANTAGE_ESTIMATORS
 
@@ -171,9 +171,10 @@ class AgentConfig(GRPOConfig):
         if self.critic is None and reads_values:
             raise ValueError(f"advantage {self.advantage!r} needs a critic's values: set critic (e.g. "
                              "{init: policy}) or algorithm: ppo")
-        if self.critic is not None and (self.gigpo is not None or self.critic.share_backbone):
-            raise ValueError("agent PPO supports neither gigpo (a group baseline beside GAE's per-token credit: "
-                             "drop one) nor critic.share_backbone (use separate models)")
+        if self.critic is not None and self.gigpo is not None:
+            raise ValueError("agent PPO does not support gigpo (a group baseline beside GAE's per-token credit): "
+                             "drop one")
+        check_shared_backbone(self.critic, self.model)
         return self
 
     @model_validator(mode="after")

@@ -148,6 +148,17 @@ class CriticConfig(StrictModel):
                                                    "value loss of fresh rollouts); the actor is frozen")
 
 
+def check_shared_backbone(critic: CriticConfig | None, model: Any) -> None:
+    """``critic.share_backbone`` needs LoRA on the policy and a critic built from the policy."""
+    if critic is None or not critic.share_backbone:
+        return
+    if model.lora is None:
+        raise ValueError("critic.share_backbone needs model.lora: the policy and value adapters live on it")
+    if critic.init == "reward_model" or critic.name_or_path:
+        raise ValueError("critic.share_backbone builds the critic on the policy's base model: "
+                         "set critic.init: policy and no critic.name_or_path")
+
+
 class ProcessRewardConfig(StrictModel):
     """The process reward model whose step scores a process-supervised estimator (``grpo_process``) reads."""
 
@@ -436,12 +447,7 @@ class PPOConfig(RLConfig):
         if "values" not in ADVANTAGE_ESTIMATORS.needs(self.advantage):
             raise ValueError(f"the ppo stage trains a critic for its advantage: {self.advantage!r} reads no values "
                              "(use gae, or the grpo stage)")
-        if self.critic.share_backbone:
-            if self.model.lora is None:
-                raise ValueError("critic.share_backbone needs model.lora: the policy and value adapters live on it")
-            if self.critic.init == "reward_model" or self.critic.name_or_path:
-                raise ValueError("critic.share_backbone builds the critic on the policy's base model: "
-                                 "set critic.init: policy and no critic.name_or_path")
+        check_shared_backbone(self.critic, self.model)
         return self
 
     def advantage_hparams(self) -> dict[str, Any]:
