@@ -20,6 +20,7 @@ ROWS = {
     "stepwise": {"prompt": "2+2=", "steps": ["2+2", "=4"], "labels": [1, 1]},
     "ranking": {"prompt": "2+2=", "completions": ["4", "Four.", "5"]},
     "prompt": {"prompt": "2+2=", "source": "gsm"},
+    "segments": {"segments": [{"text": "2+2=", "loss": False}, {"text": "4", "loss": True}]},
 }
 
 
@@ -175,3 +176,14 @@ def test_every_bad_row_is_listed_and_the_rest_counted_by_kind():
     with pytest.raises(DataError) as single:
         validate_records(one, "prompt_completion", "d.jsonl")
     assert "\n" not in str(single.value)  # one bad row: one line
+
+
+def test_segments_need_text_and_a_loss_flag_and_one_trained_piece():
+    out = validate_records([ROWS["segments"]], None, "<list>")
+    assert out == [{**ROWS["segments"], "eos": True}]
+    for bad, field in (({"segments": []}, "segments"), ({"segments": [{"text": "a"}]}, "segments[0]"),
+                       ({"segments": [{"text": "a", "loss": False}]}, "segments"),
+                       ({"segments": [{"text": "a", "loss": True}], "eos": "no"}, "eos")):
+        with pytest.raises(DataError) as error:
+            validate_records([bad], "segments", "<list>")
+        assert error.value.field == field

@@ -48,6 +48,18 @@ def test_raw_prompt_completion_mask(tok):
     assert example.input_ids[:n_prompt] == tokenize_prompt(record["prompt"], tok)
 
 
+def test_segments_train_on_their_loss_pieces_each_tokenised_alone(tok):
+    record = {"segments": [{"text": "Q: 2+2\n", "loss": False}, {"text": "A: 4", "loss": True},
+                           {"text": " ok\n", "loss": False}, {"text": "done", "loss": True}]}
+    example = tokenize_sft(record, tok, max_length=128)
+    assert tok.decode(example.input_ids, skip_special_tokens=False) == "<s>Q: 2+2\nA: 4 ok\ndone</s>"
+    # character tokenizer: one token a character; BOS, prompt and the observation unscored
+    expected = [IGNORE_INDEX] * 8 + example.input_ids[8:12] + [IGNORE_INDEX] * 4 + example.input_ids[16:]
+    assert example.labels == expected and example.input_ids[-1] == EOS
+    without_eos = tokenize_sft({**record, "eos": False}, tok, max_length=128)
+    assert without_eos.input_ids == example.input_ids[:-1] and without_eos.labels == example.labels[:-1]
+
+
 def test_chat_mask_multi_turn(tok):
     messages = [
         {"role": "system", "content": "be brief"},

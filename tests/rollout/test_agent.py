@@ -12,7 +12,14 @@ from tether.data import tokenize_sft
 from tether.models import build_tiny
 from tether.rollout import SamplingParams
 from tether.rollout.actions import get_action_format
-from tether.rollout.agent import AgentLoop, AgentLoopConfig, AgentRollout, ChatRenderer, trajectory_metrics
+from tether.rollout.agent import (
+    AgentLoop,
+    AgentLoopConfig,
+    AgentRollout,
+    ChatRenderer,
+    TextRenderer,
+    trajectory_metrics,
+)
 from tether.rollout.environment import EnvironmentConfig, ToolEnvironment, environment_records
 from tether.rollout.tools import Tool, build_tools
 from tether.tasks import get_task
@@ -40,6 +47,74 @@ def make_loop(engine, tools=("calculator",), fmt="react", **config):
 def records(n=3):
     return environment_records(EnvironmentConfig(task={"name": "multiplication", "options": {"tools": ["calculator"]}}),
                                split="train", n=n)
+
+
+class StopStringEngine:
+    """A scripted engine that honours stop strings: a turn ending in one stops there (no EOS), any other
+    turn ends with EOS. ``stops`` records the stop strings of every call."""
+
+    def __init__(self, script):
+        self.script, self.stops = script, []
+
+    def generate(self, prompts, params):
+        from tether.rollout import Rollout
+
+        self.stops.append(list(params.stop))
+        texts = [self.script(TOKENIZER.decode(p, skip_special_tokens=True), j) for p in prompts for j in range(params.n)]
+        ids = [TOKENIZER(t, add_special_tokens=False)["input_ids"] + ([] if t.endswith(tuple(params.stop or ("\0",)))
+                                                                      else [TOKENIZER.eos_token_id]) for t in texts]
+        index = [i for i in range(len(prompts)) for _ in range(params.n)]
+        return Rollout(prompt_ids=[list(prompts[i]) for i in index], completion_ids=ids,
+                       completion_logprobs=[[0.0] * len(c) for c in ids], finish_reasons=["stop"] * len(texts),
+                       prompt_index=index, texts=texts)
+
+
+def text_solver(context: str, j: int) -> str:
+    """ReAct in plain text: call the calculator on the question, then answer with the last observation."""
+    if "Action" not in context:
+        question = context.split("Question: ", 1)[1]
+        return f"Thought: compute it.\nAction: calculator[{question.split('=')[0].strip()}]\nObservation:"
+    return f"Action: finish[{re.findall(r'Observation: ([0-9]+)', context)[-1]}]"
+
+
+def text_loop(engine, **config):
+    tool_map = build_tools(["calculator"])
+    renderer = TextRenderer(TOKENIZER, get_action_format("react"), [t.schema for t in tool_map.values()],
+                            system_prompt=False)
+    task = get_task("multiplication", digits=3, tools=["calculator"])
+    return AgentLoop(engine, TOKENIZER, lambda: ToolEnvironment(task, tool_map, get_action_format("react")),
+                     renderer, AgentLoopConfig(**config))
+
+
+def test_text_rendering_is_plain_react_token_for_token_the_sft_segments():
+    """rendering: text (no chat template): each turn stops on the 'Observation:' the policy writes, the tool's
+    output follows as observation tokens, and the episode is token for token the SFT segments record of the
+    same episode, with loss exactly on the policy's tokens."""
+    engine = StopStringEngine(text_solver)
+    loop = text_loop(engine)
+    trajectories = loop.run(records(), SamplingParams(n=2, seed=0))
+    assert all(stop == ["Observation:"] for stop in engine.stops)
+    for t in trajectories:
+        assert t.outcome == 1.0 and [turn.kind for turn in t.turns] == ["tool", "final"]
+        text = TOKENIZER.decode(t.prompt_ids + t.token_ids, skip_special_tokens=False)
+        assert text == (f"<s>Question: {t.task['prompt']}\nThought: compute it.\nAction: calculator["
+                        f"{t.task['prompt'].split('=')[0].strip()}]\nObservation: {t.task['answer']}\n"
+                        f"Action: finish[{t.task['answer']}]</s>")
+        turns = [(t.turns[0].text.removesuffix("\nObservation:"), t.turns[0].observation), (t.turns[1].text, None)]
+        example = tokenize_sft(loop.renderer.demonstration(t.task["prompt"], turns), TOKENIZER, max_length=512)
+        assert t.prompt_ids + t.token_ids == example.input_ids
+        assert t.action_mask == [int(label != -100) for label in example.labels[len(t.prompt_ids):]]
+
+
+def test_text_rendering_gives_a_turn_that_did_not_stop_the_whole_observation_line():
+    """A turn that ends without writing 'Observation:' (here: EOS after a malformed action) gets the
+    '\nObservation: ' prefix as observation tokens, and the environment parses a turn without the stop string."""
+    loop = text_loop(StopStringEngine(lambda context, j: "no action here"), max_turns=2)
+    t = loop.run(records(1), SamplingParams(seed=0))[0]
+    assert [turn.kind for turn in t.turns] == ["malformed", "malformed"]
+    observed = TOKENIZER.decode([i for i, m in zip(t.token_ids, t.action_mask, strict=True) if m == 0])
+    assert observed.startswith("\nObservation: Error") and observed.endswith("\n")
+    assert TextRenderer.action_text(loop.renderer, "Action: finish[3]\nObservation:") == "Action: finish[3]\n"
 
 
 def test_observation_tokens_come_from_the_chat_template():

@@ -5,6 +5,7 @@ from collections import defaultdict
 import pytest
 import torch
 
+from tether.config.agent import AgentEpisodesConfig, EnvironmentConfig
 from tether.data import tokenize_sft
 from tether.data.packing import pack_sequences
 from tether.data.prefix_sharing import pack_prefix_groups
@@ -161,12 +162,53 @@ def test_sft_demonstrations_mask_the_observations():
         assert trained.count("Action:") == 2
 
 
+def test_text_rendering_demonstrations_are_segments_with_loss_on_the_turns_only():
+    env = EnvironmentConfig(**{**ENV, "rendering": "text"})
+    for record in demonstration_records(env, build_tiny("tiny")[1], n=4, workers=1):
+        pieces = record["segments"]
+        assert pieces[0] == {"text": f"Question: {pieces[0]['text'].split('Question: ')[1]}", "loss": False}
+        assert [p["loss"] for p in pieces[1:]] == [True, False] * ((len(pieces) - 2) // 2) + [True]
+        assert all(p["text"].endswith("\nObservation:") for p in pieces[1:-1:2])
+        assert all(p["text"].startswith(" ") and p["text"].endswith("\n") for p in pieces[2:-1:2])
+        assert pieces[-1]["text"].startswith("Action: finish[")
+
+
+@pytest.mark.slow
+def test_text_rendering_sft_teaches_plain_react_and_rl_runs_on_it(tmp_path):
+    """rendering: text end to end: SFT on plain-text demonstrations teaches the format (held-out successes
+    after 200 steps), and GRPO's episodes are plain text with no chat-template marker."""
+    import json
+
+    from tether import stages  # noqa: F401
+    from tether.stages.pipeline import run_recipe
+
+    env = {"task": {"name": "multiplication", "options": {"digits": 2, "tools": ["calculator"]}, "n": 50},
+           "tools": ["calculator"], "system_prompt": False, "rendering": "text", "eval_n": 8}
+    agent = {"max_turns": 3, "max_tokens": 128, "max_tokens_per_turn": 40, "tool_workers": 1}
+    recipe = {"name": "text-react", "defaults": {"model": {"name_or_path": "tether/tiny", "seed": 0},
+                                                 "train": {"threads": 1, "progress": False},
+                                                 "environment": env, "agent": agent},
+              "stages": [{"name": "sft", "type": "agent_sft", "train": {"max_steps": 200, "batch_size": 16},
+                          "optim": {"lr": 3.0e-3, "warmup_steps": 5}, "eval": {"n": 8}},
+                         {"name": "grpo", "type": "agent", "algorithm": "grpo", "model": {"name_or_path": "@sft"},
+                          "train": {"max_steps": 2, "batch_size": 4}}]}
+    results = run_recipe(recipe, tmp_path, report=False)
+    assert results["sft"]["success"] > 0
+    samples = [json.loads(line) for line in (tmp_path / "grpo" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all("<|" not in s["completion"] for s in samples)
+    assert any("\nObservation: " in s["completion"] for s in samples)
+
+
 def test_agent_config_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="step scores"):
         AgentConfig(advantage="grpo_process", process_reward={"path": "runs/prm"})
     assert AgentConfig().rewards[0].name == "trajectory"
     with pytest.raises(ValueError, match="group_size >= 2"):
         AgentConfig(dynamic_sampling={"enabled": True}, rollout={"group_size": 1})
+    with pytest.raises(ValueError, match="set action_format: react"):
+        EnvironmentConfig(rendering="text", action_format="hermes")
+    with pytest.raises(ValueError, match="rendering: chat"):
+        AgentEpisodesConfig(environment={"rendering": "text"})
     with pytest.raises(ValueError, match=r"<= agent\.max_tokens \(32\)"):
         AgentConfig(overlong={"buffer": 64}, agent={"max_tokens": 32})
 

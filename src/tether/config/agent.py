@@ -26,10 +26,21 @@ class EnvironmentConfig(StrictModel):
         default_factory=lambda: ["calculator"],
         description="built-in tools (calculator, python), import paths 'package.module:function' or {name, kwargs}")
     action_format: Literal["react", "hermes"] = Field("react", description="how the policy writes tool calls")
+    rendering: Literal["chat", "text"] = Field(
+        "chat", description="chat: turns through the tokenizer's chat template, ended by its end-of-turn token; "
+                            "text: ReAct as one plain text (Question: / Action: / Observation:), each turn stopped "
+                            "at 'Observation:', for models without a chat template (action_format: react)")
     system_prompt: bool = Field(True, description="describe the tools in a system message (or the template's)")
     max_observation_chars: int = Field(256, ge=1, description="longer tool output is cut")
     eval_n: int = Field(200, ge=1, description="held-out tasks for evaluation")
     eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of the task's problems held out")
+
+    @model_validator(mode="after")
+    def _text_is_react(self) -> EnvironmentConfig:
+        if self.rendering == "text" and self.action_format != "react":
+            raise ValueError("rendering: text is ReAct's plain-text layout: set action_format: react (hermes tool "
+                             "calls need a chat template)")
+        return self
 
 
 class AgentLoopConfig(StrictModel):
@@ -109,6 +120,13 @@ class AgentEpisodesConfig(StageConfig):
                                                                                 "successes from failures)")
     episodes: EpisodeSamplingConfig = Field(default_factory=EpisodeSamplingConfig, description="what is sampled")
     eval: None = Field(None, description="not used: evaluate with an agent_eval stage")
+
+    @model_validator(mode="after")
+    def _chat_rendering(self) -> AgentEpisodesConfig:
+        if self.environment.rendering != "chat":
+            raise ValueError("agent_episodes writes episode pairs as conversations for DPO (observations as tool "
+                             "messages, which carry no loss): it needs environment.rendering: chat")
+        return self
 
 
 class AgentEvalStageConfig(StageConfig):

@@ -13,6 +13,8 @@ prompt_answer      ``prompt``, ``answer``; any extra columns are kept (RL with a
 stepwise           ``prompt``, ``steps`` (list of str), ``labels`` (list of bool/int, same length)
 ranking            ``prompt``, ``completions`` (K >= 2, best first), optional ``ranks`` (ints, lower
                    is better, equal ranks tie) when the list is not in order or has ties
+segments           ``segments``: [{text, loss}, ...], one text in pieces with and without loss (ReAct
+                   episodes without a chat template); optional ``eos`` (default true)
 =================  =======================================================================
 
 Every validator returns a new, normalised dict and keeps columns it does not know.
@@ -153,6 +155,26 @@ def _extras(row: dict, known: Sequence[str]) -> dict:
 def _validate_text(row: dict) -> dict:
     """Raw text for pretraining: ``text``."""
     return {"text": _text(_require(row, "text"), "text"), **_extras(row, ["text"])}
+
+
+@FORMATS.register("segments")
+def _validate_segments(row: dict) -> dict:
+    """One text in pieces: ``segments``, a list of ``{text, loss}``; SFT trains on the pieces with ``loss``
+    (each piece tokenised on its own, after BOS), then on EOS unless ``eos`` is false."""
+    value = _require(row, "segments")
+    if not isinstance(value, list) or not value:
+        raise _FieldError("segments", f"expected a non-empty list of {{text, loss}}, got {_type_name(value)}")
+    out = []
+    for i, piece in enumerate(value):
+        if not isinstance(piece, dict) or not isinstance(piece.get("text"), str) or not isinstance(piece.get("loss"), bool):
+            raise _FieldError(f"segments[{i}]", f"expected {{text: str, loss: bool}}, got {piece!r:.80}")
+        out.append({"text": piece["text"], "loss": piece["loss"]})
+    if not any(piece["loss"] for piece in out):
+        raise _FieldError("segments", "no segment has loss: true")
+    eos = row.get("eos", True)
+    if not isinstance(eos, bool):
+        raise _FieldError("eos", f"expected a bool, got {eos!r}")
+    return {"segments": out, "eos": eos, **_extras(row, ["segments", "eos"])}
 
 
 @FORMATS.register("chat")
@@ -347,6 +369,7 @@ _SIGNATURES: list[tuple[str, tuple[str, ...]]] = [
     ("unpaired", ("prompt", "completion", "label")),
     ("prompt_completion", ("prompt", "completion")),
     ("chat", ("messages",)),
+    ("segments", ("segments",)),
     ("prompt_answer", ("prompt", "answer")),
     ("text", ("text",)),
     ("prompt", ("prompt",)),

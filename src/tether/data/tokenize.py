@@ -111,6 +111,15 @@ def _chat_example(messages: list[dict], trainable: Sequence[int], tokenizer: Any
 
 
 def _sft_example(record: dict, tokenizer: Any) -> TokenizedExample:
+    if "segments" in record:  # each piece tokenised on its own, as the agent loop appends them
+        ids = _bos(tokenizer)
+        labels = [IGNORE_INDEX] * len(ids)
+        for piece in record["segments"]:
+            piece_ids = _encode(tokenizer, piece["text"])
+            ids, labels = ids + piece_ids, labels + (piece_ids if piece["loss"] else [IGNORE_INDEX] * len(piece_ids))
+        if record.get("eos", True):
+            ids, labels = [*ids, _eos(tokenizer)], [*labels, _eos(tokenizer)]
+        return TokenizedExample(ids, labels)
     if "messages" in record:
         messages = record["messages"]
         trainable = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -147,7 +156,7 @@ def _fit(example: TokenizedExample, max_length: int, overflow: str) -> tuple[Tok
 
 def tokenize_sft(record: dict, tokenizer: Any, *, max_length: int,
                  overflow: Literal["truncate", "drop"] = "truncate") -> TokenizedExample | None:
-    """Tokenise a ``prompt_completion`` or ``chat`` record with its loss mask; None when dropped."""
+    """Tokenise a ``prompt_completion``, ``chat`` or ``segments`` record with its loss mask; None when dropped."""
     example, _ = _fit(_sft_example(record, tokenizer), max_length, overflow)
     return example
 

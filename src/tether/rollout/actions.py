@@ -5,8 +5,9 @@ Two formats, one interface (``parse`` a turn, ``render`` an action, ``describe``
 * ``react`` (Yao et al. 2023, "ReAct: Synergizing Reasoning and Acting in Language Models"): a turn
   is optional free text (a ``Thought: ...``) then ``Action: tool[input]``; ``Action: finish[answer]``
   ends the episode. The observation comes back as the next (tool) message. Departure from the
-  paper: the turn ends at the model's end-of-turn token and the observation is a chat-template
-  tool message, rather than a ``\\nObservation:`` stop string inside one text completion.
+  paper by default: the turn ends at the model's end-of-turn token and the observation is a
+  chat-template tool message; ``environment.rendering: text`` gives the paper's layout instead, one
+  text whose turns stop on the ``Observation:`` string (:class:`tether.rollout.agent.TextRenderer`).
 * ``hermes`` (the NousResearch Hermes / Qwen function-calling convention): tool calls are JSON
   objects ``{"name": ..., "arguments": {...}}`` inside ``<tool_call>...</tool_call>`` tags; a turn
   with no tool call is the final answer. Several calls in one turn are all executed.

@@ -13,6 +13,10 @@ Token in, token out: the sampled ids are kept exactly (never re-tokenised from t
 observations are tokenised, as the difference between the template rendered with and without
 the tool message, so a trajectory is token for token what SFT on the same conversation trains on.
 
+``environment.rendering: text`` (:class:`TextRenderer`) lays the episode out as one plain ReAct text
+instead, for models without a chat template: turns stop on the ``Observation:`` string the policy
+writes, and demonstrations become ``segments`` records tokenised piece by piece as the loop appends them.
+
 Many episodes run together: each round generates one turn for every episode that is ready in one
 batched ``generate`` call, and tool calls run on a thread pool. ``tool_wait_s: null`` (default)
 waits for every tool call before the next round, which keeps rounds, and so seeded samples,
@@ -143,6 +147,76 @@ class ChatRenderer:
                 messages.append({"role": "tool", "content": result})
         return messages
 
+    stop: tuple[str, ...] = ()  # a turn ends at the end-of-turn token
+
+    def turn_ended(self, token_ids: Sequence[int], text: str) -> bool:
+        """Whether the policy closed its turn itself (here: with the end-of-turn token)."""
+        return bool(token_ids) and token_ids[-1] == self.eos
+
+    def action_text(self, text: str) -> str:
+        """The part of a turn's text the environment parses."""
+        return text
+
+    def demonstration(self, observation: str, turns: Sequence[tuple[str, str | None]]) -> dict:
+        """An SFT record of a scripted episode: a chat record (with ``tools`` when the template lists them)."""
+        record = {"messages": self.messages(observation, turns)}
+        return {**record, "tools": self.template_tools} if self.template_tools else record
+
+
+class TextRenderer:
+    """ReAct as one plain text (Yao et al. 2023's layout), for models without a chat template
+    (``environment.rendering: text``)::
+
+        [the tools' description]            (with ``system_prompt``)
+        Question: <the first observation>
+        <the policy's turn: Thought: ... Action: tool[input]>
+        Observation: <the tool's output>
+        <the next turn> ... Action: finish[answer]<eos>
+
+    The policy writes ``Observation:`` itself and its turn stops on that string (the engine's stop
+    string); the environment parses the turn without it and the observation tokens are the output after
+    it. A turn that ends otherwise (its token budget, or EOS without a final answer) gets the whole
+    ``\nObservation: ...`` line as observation tokens. Every piece is tokenised on its own, as the loop
+    appends it, so SFT on :meth:`demonstration` segments trains on the tokens the loop builds."""
+
+    stop: tuple[str, ...] = ("Observation:",)
+    template_tools = None
+
+    def __init__(self, tokenizer: Any, action_format: ActionFormat, schemas: list[dict], *,
+                 system_prompt: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.header = action_format.describe(schemas) + "\n\n" if system_prompt and schemas else ""
+
+    def prompt_text(self, observation: str) -> str:
+        return f"{self.header}Question: {observation}\n"
+
+    def prompt_ids(self, observation: str) -> list[int]:
+        return tokenize_prompt(self.prompt_text(observation), self.tokenizer)
+
+    def turn_ended(self, token_ids: Sequence[int], text: str) -> bool:
+        return text.endswith(self.stop)
+
+    def action_text(self, text: str) -> str:
+        return text[: -len(self.stop[0])] if text.endswith(self.stop) else text
+
+    def observation_text(self, observation: str, ended_turn: bool) -> str:
+        return (" " if ended_turn else "\nObservation: ") + observation + "\n"
+
+    def observation_ids(self, observation: str, ended_turn: bool) -> list[int]:
+        return list(self.tokenizer(self.observation_text(observation, ended_turn), add_special_tokens=False)["input_ids"])
+
+    def demonstration(self, observation: str, turns: Sequence[tuple[str, str | None]]) -> dict:
+        """An SFT ``segments`` record: the prompt and the observations without loss, the turns (each tool
+        call closed by the ``Observation:`` the policy writes) with it, then EOS."""
+        segments = [{"text": self.prompt_text(observation), "loss": False}]
+        for action, result in turns:
+            if result is None:
+                segments.append({"text": action, "loss": True})
+            else:
+                segments += [{"text": f"{action}\n{self.stop[0]}", "loss": True},
+                             {"text": self.observation_text(result, True), "loss": False}]
+        return {"segments": segments}
+
 
 @dataclass
 class AgentRollout(Rollout):
@@ -192,10 +266,9 @@ class AgentLoop:
     """Runs episodes of an environment with a generation engine; see the module docstring."""
 
     def __init__(self, engine: GenerationEngine, tokenizer: Any, make_env: Callable[[], Environment],
-                 renderer: ChatRenderer, config: AgentLoopConfig | None = None) -> None:
+                 renderer: ChatRenderer | TextRenderer, config: AgentLoopConfig | None = None) -> None:
         self.engine, self.tokenizer, self.make_env, self.renderer = engine, tokenizer, make_env, renderer
         self.config = config or AgentLoopConfig()
-        self.eos_ids = {tokenizer.eos_token_id}
 
     def run(self, tasks: list[dict], params: SamplingParams,
             on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:
@@ -218,7 +291,7 @@ class AgentLoop:
                     for i, (ids, logps, text, stopped) in zip(
                             ready, self._generate(trajectories, envs, ready, params, round_index), strict=True):
                         if self._append_turn(trajectories[i], ids, logps, text, stopped):
-                            pending[pool.submit(envs[i].step, text)] = i
+                            pending[pool.submit(envs[i].step, self.renderer.action_text(text))] = i
                     ready, round_index = [], round_index + 1
                 for done in self._collect(pending):
                     i = pending.pop(done)
@@ -247,7 +320,7 @@ class AgentLoop:
         budget = max(self.config.max_tokens - len(trajectories[i].token_ids) for i in ready)
         seed = None if params.seed is None else params.seed + 7919 * round_index
         turn = dataclasses.replace(params, max_new_tokens=min(self.config.max_tokens_per_turn, budget), seed=seed,
-                                   stop=[])
+                                   stop=list(self.renderer.stop))
         for i in ready:
             trajectories[i].state_keys.append(envs[i].state_key())
         first = round_index == 0 and len(ready) == len(trajectories)
@@ -290,7 +363,8 @@ class AgentLoop:
         if len(trajectory.turns) >= self.config.max_turns:
             trajectory.finish_reason = "max_turns"
             return False
-        ended = bool(trajectory.token_ids) and trajectory.token_ids[-1] in self.eos_ids
+        start, end = trajectory.turn_spans[-1]
+        ended = self.renderer.turn_ended(trajectory.token_ids[start:end], turn.text)
         obs_ids = self.renderer.observation_ids(observation or "", ended)
         if len(trajectory.token_ids) + len(obs_ids) >= self.config.max_tokens:
             trajectory.finish_reason = "max_tokens"
@@ -345,28 +419,30 @@ def episode_record(trajectory: Trajectory, renderer: ChatRenderer) -> dict:
     return {**record, "tools": renderer.template_tools} if renderer.template_tools else record
 
 
-def environment_renderer(env: EnvironmentConfig, tokenizer: Any) -> tuple[Callable[[], Environment], ChatRenderer]:
-    """A factory of fresh environments for ``env`` and the renderer of its turns for ``tokenizer``."""
+def environment_renderer(env: EnvironmentConfig, tokenizer: Any
+                         ) -> tuple[Callable[[], Environment], ChatRenderer | TextRenderer]:
+    """A factory of fresh environments for ``env`` and the renderer of its turns for ``tokenizer``
+    (``env.rendering``: the chat template, or ReAct's plain text)."""
     from tether.rollout.actions import get_action_format
 
     tools = build_tools(env.tools)
-    renderer = ChatRenderer(tokenizer, get_action_format(env.action_format),
-                            [t.schema for t in tools.values()], system_prompt=env.system_prompt)
+    renderer = (TextRenderer if env.rendering == "text" else ChatRenderer)(
+        tokenizer, get_action_format(env.action_format), [t.schema for t in tools.values()],
+        system_prompt=env.system_prompt)
     return environment_factory(env), renderer
 
 
 def demonstration_records(env: EnvironmentConfig, tokenizer: Any, n: int | None = None,
                           seed: int | None = None, workers: int = 4) -> list[dict]:
-    """Chat records ``{"messages": [...]}`` of scripted episodes (tools run for real, ``workers`` at a
-    time), rendered exactly as the agent loop renders prompts and observations; tool messages carry
-    no SFT loss."""
+    """SFT records of scripted episodes (tools run for real, ``workers`` at a time), rendered exactly as
+    the agent loop renders prompts and observations: chat records ``{"messages": [...]}`` whose tool
+    messages carry no loss, or with ``rendering: text`` ``{"segments": [...]}`` whose observations carry none."""
     make_env, renderer = environment_renderer(env, tokenizer)
 
     def record(task: dict) -> dict:
         environment = make_env()
         first = environment.reset(task)
-        out = {"messages": renderer.messages(first, environment.demonstration(task))}
-        return {**out, "tools": renderer.template_tools} if renderer.template_tools else out
+        return renderer.demonstration(first, environment.demonstration(task))
 
     with futures.ThreadPoolExecutor(workers) as pool:
         return list(pool.map(record, environment_records(env, split="train", n=n, seed=seed)))
