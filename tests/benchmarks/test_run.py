@@ -163,3 +163,25 @@ def test_paired_ratios_divide_each_runs_rates_and_show_their_spread():
     assert "| **1.50x** (1.00-1.50) |" in run.markdown([row], [], meta)
     single = {**row, "paired_ratios": [1.5]}
     assert "| **1.50x** |" in run.markdown([single], [], meta)  # one run: no spread to show
+
+
+def test_the_large_vocabulary_model_has_a_32k_head_and_tokenises_like_the_built_in(tmp_path):
+    """``--models small-32k``: the small model with 32,768 output rows; its tokenizer (the character tokenizer
+    padded with added tokens) gives every text the built-in ids, so both libraries train on the same tokens."""
+    check = f"""
+import sys
+sys.path.insert(0, {str(BENCH)!r})
+from pathlib import Path
+from transformers import AutoConfig, AutoTokenizer
+from run import SPECS, save_model
+from tether.models.tiny import build_tokenizer
+path = save_model(Path({str(tmp_path)!r}) / "m", "small-32k")
+config, tokenizer = AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+assert config.vocab_size == len(tokenizer) == 32768 and config.hidden_size == 512, (config.vocab_size, len(tokenizer))
+text = "<|user|>What is 123 * 456?</s><|assistant|><think>1+2</think> 56088</s>"
+assert tokenizer(text)["input_ids"] == build_tokenizer()(text)["input_ids"]
+assert SPECS["small-32k"] == SPECS["small"]
+"""
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
