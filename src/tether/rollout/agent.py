@@ -176,7 +176,7 @@ class TextRenderer:
     The policy writes ``Observation:`` itself and its turn stops on that string (the engine's stop
     string); the environment parses the turn without it and the observation tokens are the output after
     it. A turn that ends otherwise (its token budget, or EOS without a final answer) gets the whole
-    ``\nObservation: ...`` line as observation tokens. Every piece is tokenised on its own, as the loop
+    ``\\nObservation: ...`` line as observation tokens. Every piece is tokenised on its own, as the loop
     appends it, so SFT on :meth:`demonstration` segments trains on the tokens the loop builds."""
 
     stop: tuple[str, ...] = ("Observation:",)
