@@ -141,3 +141,28 @@ def test_a_stage_whose_input_stage_changed_is_not_reused(tmp_path):
     # recorded before input digests existed: checked on its own keys only
     record_stage_settings(tmp_path / "sft", {k: v for k, v in before["sft"].items() if not k.startswith("upstream.")})
     check_stage_settings(tmp_path / "sft", after["sft"])
+
+
+def test_a_field_added_since_an_input_stage_trained_does_not_refuse_the_stages_after_it(tmp_path):
+    """A run trained before tether grew a field (here ``optim.fused``, recorded by neither stage) resumes: the
+    input stage is accepted (the field is at its declared default), and so is the stage reading it, whose
+    recorded input digest is that of the input's record. A real change of the input is still refused."""
+    from tether.stages.pipeline import checked_settings
+
+    def configs(lr=1e-3):
+        return [SFTConfig(name="sft", optim={"lr": lr}),
+                SFTConfig(name="polish", model={"name_or_path": str(tmp_path / "sft")})]
+
+    old = {c.name: {k: v for k, v in stage_settings(c, tmp_path).items() if k != "optim.fused"} for c in configs()}
+    link_upstream(old)
+    for name, flat in old.items():
+        record_stage_settings(tmp_path / name, flat)
+    today = {c.name: stage_settings(c, tmp_path) for c in configs()}
+    link_upstream(today)
+    assert today["polish"]["upstream.sft"] != old["polish"]["upstream.sft"]
+    with pytest.raises(ConfigError, match="its input stage 'sft' changed"):  # not knowing sft was accepted
+        check_stage_settings(tmp_path / "polish", today["polish"], SFTConfig)
+    check_stage_settings(tmp_path / "polish", today["polish"], SFTConfig, accepted_inputs=["sft"])
+    checked_settings(configs(), tmp_path)  # the pipeline's check: sft, then polish
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
+        checked_settings(configs(lr=2e-3), tmp_path)

@@ -159,8 +159,10 @@ def checked_settings(configs: list[StageConfig], run_dir: Path) -> dict[str, dic
     trained under them: a changed one is refused before any stage trains."""
     settings = {cfg.name: stage_settings(cfg, run_dir) for cfg in configs}
     link_upstream(settings)
+    accepted: list[str] = []  # in recipe order, so a stage's inputs are checked before it
     for cfg in configs:
-        check_stage_settings(run_dir / cfg.name, settings[cfg.name], type(cfg))
+        check_stage_settings(run_dir / cfg.name, settings[cfg.name], type(cfg), accepted)
+        accepted.append(cfg.name)
     return settings
 
 

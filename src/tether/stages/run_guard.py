@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -130,18 +131,24 @@ def link_upstream(settings: dict[str, dict[str, Any]]) -> None:
     for name, flat in settings.items():
         reads = {s.split("/")[1] for s in _strings(list(flat.values())) if s.startswith("@run/")}
         for source in sorted(reads & earlier):
-            digest = json.dumps(settings[source], sort_keys=True, default=str).encode()
-            flat[f"{UPSTREAM}{source}"] = hashlib.sha256(digest).hexdigest()[:16]
+            flat[f"{UPSTREAM}{source}"] = settings_digest(settings[source])
         earlier.add(name)
 
 
-def check_stage_settings(stage_dir: Path, settings: dict[str, Any],
-                         config_class: type[StageConfig] | None = None) -> None:
+def settings_digest(flat: dict[str, Any]) -> str:
+    """A stage's settings as the short digest the stages reading it record (``upstream.NAME``)."""
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_stage_settings(stage_dir: Path, settings: dict[str, Any], config_class: type[StageConfig] | None = None,
+                         accepted_inputs: Collection[str] = ()) -> None:
     """ConfigError, in one line naming the changed keys and the ways forward, when the stage was trained (or
     started) under other settings or its input stages were (``link_upstream``); nothing when it was not, or
     when it predates the record (a record without input digests is checked on its own keys only). With
     ``config_class``, a key the record lacks whose value is that field's declared default is no change: a
-    field added to tether since, whose default keeps what configurations without it did."""
+    field added to tether since, whose default keeps what configurations without it did. The same holds
+    for an input stage named in ``accepted_inputs`` (checked already, and accepted): its digest is taken
+    of the settings it recorded, so a field added since does not change the input of the stages after it."""
     path = stage_dir / STAGE_CONFIG_FILE
     if not path.exists():
         if (stage_dir / "stage.json").exists():
@@ -153,7 +160,8 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any],
         settings = {k: v for k, v in settings.items() if not k.startswith(UPSTREAM)}
     changed = sorted(k for k in set(before) | set(settings) if before.get(k, "<unset>") != settings.get(k, "<unset>")
                      and not _field_added_or_removed_while_off(k, before, settings)
-                     and not (k not in before and _is_declared_default(config_class, k, settings[k])))
+                     and not (k not in before and _is_declared_default(config_class, k, settings[k]))
+                     and not _input_as_trained(stage_dir, k, before, accepted_inputs))
     if not changed:
         return
     shown = ", ".join(f"its input stage {k[len(UPSTREAM):]!r} changed" if k.startswith(UPSTREAM)
@@ -162,6 +170,15 @@ def check_stage_settings(stage_dir: Path, settings: dict[str, Any],
     raise ConfigError(f"stage {stage_dir.name!r} in {stage_dir.parent} was trained under another configuration "
                       f"({shown}{more}): run into a new --out, or delete {stage_dir} (and the stages after it) to "
                       "train it again")
+
+
+def _input_as_trained(stage_dir: Path, key: str, before: dict[str, Any], accepted: Collection[str]) -> bool:
+    """An input stage's digest (``upstream.NAME``) that still matches once taken of the settings that input
+    recorded, the input being accepted as trained under today's settings."""
+    source = key[len(UPSTREAM):] if key.startswith(UPSTREAM) else None
+    record = stage_dir.parent / source / STAGE_CONFIG_FILE if source in accepted else None
+    return (record is not None and key in before and record.exists()
+            and settings_digest(json.loads(record.read_text())) == before[key])
 
 
 def _field_added_or_removed_while_off(key: str, before: dict[str, Any], settings: dict[str, Any]) -> bool:
