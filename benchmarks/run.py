@@ -50,14 +50,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads as wl
 
 from tether.models.linear import cpu_multiplies_bfloat16, cpuinfo_field, onednn_runs
-from tether.models.tiny import build_tokenizer, save_tiny, tiny_config
+from tether.models.tiny import build_tiny, build_tokenizer, save_tiny
 
 WORKLOADS = ("sft", "dpo", "grpo", "grpo_beta0", "generation", "generation_fixed")
 
@@ -109,11 +108,7 @@ def save_model(path: Path, name: str) -> Path:
         return save_tiny(path, name, seed=0)
     tokenizer = build_tokenizer()
     tokenizer.add_tokens([f"<v{i}>" for i in range(LARGE_VOCABULARY - len(tokenizer))])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(tiny_config(size, vocab_size=len(tokenizer)))
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model, tokenizer = build_tiny(size, seed=0, tokenizer=tokenizer)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

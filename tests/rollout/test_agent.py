@@ -114,7 +114,7 @@ def test_text_rendering_gives_a_turn_that_did_not_stop_the_whole_observation_lin
     assert [turn.kind for turn in t.turns] == ["malformed", "malformed"]
     observed = TOKENIZER.decode([i for i, m in zip(t.token_ids, t.action_mask, strict=True) if m == 0])
     assert observed.startswith("\nObservation: Error") and observed.endswith("\n")
-    assert TextRenderer.action_text(loop.renderer, "Action: finish[3]\nObservation:") == "Action: finish[3]\n"
+    assert loop.renderer.action_text("Action: finish[3]\nObservation:") == "Action: finish[3]\n"
 
 
 def test_observation_tokens_come_from_the_chat_template():

@@ -52,7 +52,8 @@ class TokenizedExample:
 # ---------------------------------------------------------------- tokenizer helpers
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """``text``'s token ids, no special tokens added (each piece of a prompt, turn or observation alone)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -75,7 +76,7 @@ def _render(tokenizer: Any, messages: list[dict], *, generation_prompt: bool, to
     except Exception as err:  # jinja2's TemplateError, or whatever the template's own code raised
         raise ValueError(f"the tokenizer's chat template cannot render these messages "
                          f"({type(err).__name__}: {err})") from err
-    return _encode(tokenizer, text)
+    return encode_text(tokenizer, text)
 
 
 def _is_prefix(prefix: list[int], full: list[int]) -> bool:
@@ -115,7 +116,7 @@ def _sft_example(record: dict, tokenizer: Any) -> TokenizedExample:
         ids = _bos(tokenizer)
         labels = [IGNORE_INDEX] * len(ids)
         for piece in record["segments"]:
-            piece_ids = _encode(tokenizer, piece["text"])
+            piece_ids = encode_text(tokenizer, piece["text"])
             ids, labels = ids + piece_ids, labels + (piece_ids if piece["loss"] else [IGNORE_INDEX] * len(piece_ids))
         if record.get("eos", True):
             ids, labels = [*ids, _eos(tokenizer)], [*labels, _eos(tokenizer)]
@@ -131,9 +132,9 @@ def _sft_example(record: dict, tokenizer: Any) -> TokenizedExample:
         messages = [*prompt, *completion]
         trainable = [i for i, m in enumerate(messages) if i >= len(prompt) and m["role"] == "assistant"]
         return _chat_example(messages, trainable, tokenizer, record.get("tools"))
-    prompt_ids = _bos(tokenizer) + _encode(tokenizer, prompt)
+    prompt_ids = _bos(tokenizer) + encode_text(tokenizer, prompt)
     # a ``partial`` completion (one step of a longer answer, as Step-DPO's) does not end the answer: no eos
-    completion_ids = [*_encode(tokenizer, completion), *([] if record.get("partial") else [_eos(tokenizer)])]
+    completion_ids = [*encode_text(tokenizer, completion), *([] if record.get("partial") else [_eos(tokenizer)])]
     labels = [IGNORE_INDEX] * len(prompt_ids) + completion_ids
     labels[0] = IGNORE_INDEX
     return TokenizedExample(prompt_ids + completion_ids, labels)
@@ -173,7 +174,7 @@ def tokenize_text(record: dict, tokenizer: Any, *, max_length: int) -> list[Toke
     """
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2, got {max_length}")
-    ids = _bos(tokenizer) + _encode(tokenizer, record["text"]) + [_eos(tokenizer)]
+    ids = _bos(tokenizer) + encode_text(tokenizer, record["text"]) + [_eos(tokenizer)]
     chunks = []
     for start in range(0, max(len(ids) - 1, 1), max_length - 1):
         piece = ids[start : start + max_length]
@@ -187,7 +188,7 @@ def tokenize_prompt(prompt: str | list[dict], tokenizer: Any, *, tools: Any = No
     generation prompt for a list of messages."""
     if isinstance(prompt, list):
         return _render(tokenizer, prompt, generation_prompt=True, tools=tools)
-    return _bos(tokenizer) + _encode(tokenizer, prompt)
+    return _bos(tokenizer) + encode_text(tokenizer, prompt)
 
 
 def tokenize_prompts(prompts: Sequence[str | list[dict]], tokenizer: Any, *, chat: bool = False) -> list[list[int]]:

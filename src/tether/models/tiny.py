@@ -89,10 +89,11 @@ def tiny_config(size: str = "tiny", vocab_size: int | None = None, max_position_
     )
 
 
-def build_tiny(size: str = "tiny", seed: int = 0, **overrides: int) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+def build_tiny(size: str = "tiny", seed: int = 0, tokenizer: PreTrainedTokenizerFast | None = None,
+               **overrides: int) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """Build the tiny model and its tokenizer deterministically from ``seed`` (``overrides``: see
-    :func:`tiny_config`)."""
-    tokenizer = build_tokenizer()
+    :func:`tiny_config`); ``tokenizer`` replaces the character tokenizer (the vocabulary is its length)."""
+    tokenizer = tokenizer if tokenizer is not None else build_tokenizer()
     config = tiny_config(size, vocab_size=len(tokenizer), **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

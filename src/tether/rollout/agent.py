@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from tether.config.agent import AgentLoopConfig, EnvironmentConfig
-from tether.data.tokenize import tokenize_prompt
+from tether.data.tokenize import encode_text, tokenize_prompt
 from tether.rollout.actions import ActionFormat
 from tether.rollout.base import GenerationEngine, Rollout, SamplingParams
 from tether.rollout.environment import Environment, environment_factory, environment_records
@@ -111,16 +111,13 @@ class ChatRenderer:
         if not with_tool.startswith(closed) or _OBS not in with_tool:
             raise ValueError("the chat template does not render a tool message after an assistant turn "
                              "as an appended suffix; cannot build observation tokens")
-        self.turn_close = self._encode(closed.split(_MARK, 1)[1])
+        self.turn_close = encode_text(self.tokenizer, closed.split(_MARK, 1)[1])
         self.observation_parts = with_tool[len(closed):].split(_OBS, 1)
         self.eos = tokenizer.eos_token_id
 
     def _render(self, messages: list[dict], *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.template_tools, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def first_messages(self, observation: str) -> list[dict]:
         system = [{"role": "system", "content": self.system}] if self.system else []
@@ -136,7 +133,7 @@ class ChatRenderer:
         if ended_turn and close and close[0] == self.eos:
             close = close[1:]
         before, after = self.observation_parts
-        return close + self._encode(before + observation + after)
+        return close + encode_text(self.tokenizer, before + observation + after)
 
     def messages(self, observation: str, turns: Sequence[tuple[str, str | None]]) -> list[dict]:
         """The conversation of an episode, for SFT: tool messages are not trained on."""
@@ -203,7 +200,7 @@ class TextRenderer:
         return (" " if ended_turn else "\nObservation: ") + observation + "\n"
 
     def observation_ids(self, observation: str, ended_turn: bool) -> list[int]:
-        return list(self.tokenizer(self.observation_text(observation, ended_turn), add_special_tokens=False)["input_ids"])
+        return encode_text(self.tokenizer, self.observation_text(observation, ended_turn))
 
     def demonstration(self, observation: str, turns: Sequence[tuple[str, str | None]]) -> dict:
         """An SFT ``segments`` record: the prompt and the observations without loss, the turns (each tool
