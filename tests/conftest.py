@@ -1,5 +1,5 @@
-"""Shared test fixtures: a scripted generation engine, and a scripted OpenAI-compatible endpoint for
-fault-injection tests."""
+"""Shared test fixtures: a scripted generation engine, a scripted OpenAI-compatible endpoint for
+fault-injection tests, and a byte-level BPE tokenizer like the ones real models ship."""
 
 from __future__ import annotations
 
@@ -129,6 +129,36 @@ def fake_endpoint():
     for endpoint in started:
         with contextlib.suppress(OSError):
             endpoint.stop()
+
+
+# Qwen2's and Llama 3's pre-tokenisation: letters keep one leading non-letter (" calculator"), punctuation
+# keeps the newlines after it (":\n" is one piece, so it can be one token).
+PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer (GPT-2's byte alphabet, Qwen2's pre-tokenisation, 358 tokens: pad 0, bos 1,
+    eos 2, unk 3 as the tiny models expect) trained here on ReAct episodes and some accented and CJK text, so
+    tokens hold several characters (":\n", " calculator", "café") and a character can take several byte tokens.
+    Nothing is downloaded; the character tokenizer of the built-in models has one character per token and
+    cannot show what a real model's tokenizer does at a stop string or a segment boundary."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [f"Question: {a}*{b}=\nThought: compute it.\nAction: calculator[{a}*{b}]\nObservation:\n {a * b}\n"
+              f"Action: finish[{a * b}]\nObservation: done\n" for a in range(10, 99, 7) for b in range(3, 40, 9)]
+    corpus += ["café crème, naïve résumé。日本語のテキスト。"] * 20
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
 
 
 @pytest.fixture(scope="module")

@@ -50,19 +50,30 @@ def records(n=3):
 
 
 class StopStringEngine:
-    """A scripted engine that honours stop strings: a turn ending in one stops there (no EOS), any other
-    turn ends with EOS. ``stops`` records the stop strings of every call."""
+    """A scripted engine that honours stop strings as the real engines do: a sample whose text holds one
+    ends with the first token that completes it (whole: with a BPE tokenizer it may carry more characters)
+    and its text is cut right after the stop string; any other sample ends with EOS. ``stops`` records the
+    stop strings of every call."""
 
-    def __init__(self, script):
-        self.script, self.stops = script, []
+    def __init__(self, script, tokenizer=TOKENIZER):
+        self.script, self.tokenizer, self.stops = script, tokenizer, []
 
     def generate(self, prompts, params):
         from tether.rollout import Rollout
 
         self.stops.append(list(params.stop))
-        texts = [self.script(TOKENIZER.decode(p, skip_special_tokens=True), j) for p in prompts for j in range(params.n)]
-        ids = [TOKENIZER(t, add_special_tokens=False)["input_ids"] + ([] if t.endswith(tuple(params.stop or ("\0",)))
-                                                                      else [TOKENIZER.eos_token_id]) for t in texts]
+        stop = list(params.stop or ())
+        texts = [self.script(self.tokenizer.decode(p, skip_special_tokens=True), j)
+                 for p in prompts for j in range(params.n)]
+        ids = []
+        for k, text in enumerate(texts):
+            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ends = [n for n in range(1, len(tokens) + 1) if any(s in self.tokenizer.decode(tokens[:n]) for s in stop)]
+            if ends:
+                tokens = tokens[: ends[0]]
+                text = self.tokenizer.decode(tokens)
+                texts[k] = text[: min(text.find(s) + len(s) for s in stop if s in text)]
+            ids.append(tokens if ends else [*tokens, self.tokenizer.eos_token_id])
         index = [i for i in range(len(prompts)) for _ in range(params.n)]
         return Rollout(prompt_ids=[list(prompts[i]) for i in index], completion_ids=ids,
                        completion_logprobs=[[0.0] * len(c) for c in ids], finish_reasons=["stop"] * len(texts),
@@ -74,36 +85,60 @@ def text_solver(context: str, j: int) -> str:
     if "Action" not in context:
         question = context.split("Question: ", 1)[1]
         return f"Thought: compute it.\nAction: calculator[{question.split('=')[0].strip()}]\nObservation:"
-    return f"Action: finish[{re.findall(r'Observation: ([0-9]+)', context)[-1]}]"
+    answer = re.findall(r"Observation:\s*([0-9]+)", context)[-1]
+    return f"Action: finish[{answer}]"
 
 
-def text_loop(engine, **config):
+def text_loop(engine, tokenizer=TOKENIZER, **config):
     tool_map = build_tools(["calculator"])
-    renderer = TextRenderer(TOKENIZER, get_action_format("react"), [t.schema for t in tool_map.values()],
+    renderer = TextRenderer(tokenizer, get_action_format("react"), [t.schema for t in tool_map.values()],
                             system_prompt=False)
     task = get_task("multiplication", digits=3, tools=["calculator"])
-    return AgentLoop(engine, TOKENIZER, lambda: ToolEnvironment(task, tool_map, get_action_format("react")),
+    return AgentLoop(engine, tokenizer, lambda: ToolEnvironment(task, tool_map, get_action_format("react")),
                      renderer, AgentLoopConfig(**config))
 
 
-def test_text_rendering_is_plain_react_token_for_token_the_sft_segments():
+@pytest.mark.parametrize("tokenizer", ["character", "bpe"])
+def test_text_rendering_is_plain_react_token_for_token_the_sft_segments(tokenizer, request):
     """rendering: text (no chat template): each turn stops on the 'Observation:' the policy writes, the tool's
     output follows as observation tokens, and the episode is token for token the SFT segments record of the
-    same episode, with loss exactly on the policy's tokens."""
-    engine = StopStringEngine(text_solver)
-    loop = text_loop(engine)
+    same episode, with loss exactly on the policy's tokens; with the built-in character tokenizer and with a
+    byte-level BPE one, whose tokens span several characters (each segment is tokenised on its own on both
+    sides, so no token crosses a boundary between the policy's text and the environment's)."""
+    tokenizer = TOKENIZER if tokenizer == "character" else request.getfixturevalue("bpe_tokenizer")
+    engine = StopStringEngine(text_solver, tokenizer)
+    loop = text_loop(engine, tokenizer)
     trajectories = loop.run(records(), SamplingParams(n=2, seed=0))
     assert all(stop == ["Observation:"] for stop in engine.stops)
     for t in trajectories:
         assert t.outcome == 1.0 and [turn.kind for turn in t.turns] == ["tool", "final"]
-        text = TOKENIZER.decode(t.prompt_ids + t.token_ids, skip_special_tokens=False)
+        text = tokenizer.decode(t.prompt_ids + t.token_ids, skip_special_tokens=False)
         assert text == (f"<s>Question: {t.task['prompt']}\nThought: compute it.\nAction: calculator["
                         f"{t.task['prompt'].split('=')[0].strip()}]\nObservation: {t.task['answer']}\n"
                         f"Action: finish[{t.task['answer']}]</s>")
         turns = [(t.turns[0].text.removesuffix("\nObservation:"), t.turns[0].observation), (t.turns[1].text, None)]
-        example = tokenize_sft(loop.renderer.demonstration(t.task["prompt"], turns), TOKENIZER, max_length=512)
+        example = tokenize_sft(loop.renderer.demonstration(t.task["prompt"], turns), tokenizer, max_length=512)
         assert t.prompt_ids + t.token_ids == example.input_ids
         assert t.action_mask == [int(label != -100) for label in example.labels[len(t.prompt_ids):]]
+
+
+def test_a_bpe_token_that_carries_past_the_stop_string_stays_the_policys(bpe_tokenizer):
+    """With a BPE tokenizer the token that completes 'Observation:' may carry more (":\n" here): the turn still
+    ends there, the action is parsed without the stop string, that whole token stays the policy's (loss on it),
+    and the observation tokens follow it unchanged."""
+    def run_on(context: str, j: int) -> str:  # writes past the stop string, as a model does
+        return text_solver(context, j) + ("\n 12345" if "Action" not in context else "")
+
+    loop = text_loop(StopStringEngine(run_on, bpe_tokenizer), bpe_tokenizer)
+    for t in loop.run(records(2), SamplingParams(seed=0)):
+        assert t.outcome == 1.0 and [turn.kind for turn in t.turns] == ["tool", "final"]
+        pieces = [bpe_tokenizer.decode([i]) for i in t.token_ids]
+        colon = pieces.index(":\n")
+        assert pieces[colon - 1] == "Observation" and t.action_mask[colon] == 1
+        observed = [i for i, m in zip(t.token_ids, t.action_mask, strict=True) if m == 0]
+        assert observed == bpe_tokenizer.encode(f" {t.task['answer']}\n", add_special_tokens=False)
+        assert t.token_ids[colon + 1 : colon + 1 + len(observed)] == observed
+        assert t.turns[0].text.endswith("]\nObservation:")
 
 
 def test_text_rendering_gives_a_turn_that_did_not_stop_the_whole_observation_line():

@@ -320,6 +320,79 @@ def test_stop_string_ending_in_whitespace_and_several_stop_strings(tiny):
     assert rollout.finish_reasons == ["stop"]
 
 
+
+# -- stop strings with a byte-level BPE tokenizer (tokens of several characters, characters of several tokens) --
+
+
+def byte_tokens(tokenizer, text: str) -> list[int]:
+    """``text``'s UTF-8 bytes as single byte-level tokens (GPT-2's byte-to-character map)."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)}
+    extra = iter(range(256, 512))
+    char = {b: chr(b) if b in printable else chr(next(extra)) for b in range(256)}
+    return [tokenizer.convert_tokens_to_ids(char[b]) for b in text.encode()]
+
+
+def first_stop_step(engine, ids: list[int], stop: list[str]) -> int | None:
+    """The step at which the engine's stop check fires as ``ids`` are sampled one per step (None: never)."""
+    tokens = torch.tensor([ids])
+    candidates = engine._stop_filter(stop, len(engine.tokenizer), tokens.device)
+    for step, token in enumerate(ids):
+        if engine._match_stop(tokens, torch.tensor([0]), torch.tensor([step]), torch.tensor([token]),
+                              torch.tensor([False]), candidates, stop)[0]:
+            return step
+    return None
+
+
+def test_a_stop_string_fires_on_the_bpe_token_that_completes_it(bpe_tokenizer):
+    """The token that completes a stop string may carry more characters (":\n" after "Observation"), end a
+    string in its middle ("café" for "caf"), or be the last byte of a character split over several byte
+    tokens ("。" as three): each fires on exactly that token, never earlier."""
+    model, tokenizer = build_tiny("tiny", tokenizer=bpe_tokenizer)
+    engine = HFEngine(model, tokenizer)
+    encode_ = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    react = encode_("Action: finish[3]\nObservation:\n 36")
+    pieces = [tokenizer.decode([i]) for i in react]
+    assert "Observation" in pieces and ":\n" in pieces  # the merged token is real in this vocabulary
+    assert first_stop_step(engine, react, ["Observation:"]) == pieces.index(":\n")
+    cafe = encode_("x") + encode_("café")
+    assert [tokenizer.decode([i]) for i in cafe] == ["x", "café"]
+    assert first_stop_step(engine, cafe, ["caf"]) == len(cafe) - 1
+    split = encode_("x") + byte_tokens(tokenizer, "。") + encode_("y")
+    assert tokenizer.decode(split) == "x。y" and len(split) == 5
+    assert first_stop_step(engine, split, ["。"]) == 3
+    assert first_stop_step(engine, split, ["x。y"]) == 4
+    assert first_stop_step(engine, react, ["Observation:\n 37"]) is None
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_sampled_stop_strings_with_a_bpe_tokenizer_cut_the_text_and_keep_the_tokens(bpe_tokenizer, static):
+    """A model on the BPE vocabulary samples freely; stop strings taken from its completion (one ending
+    inside a multi-character token, one spanning a token boundary) end the same sample at the first token
+    whose text completes them: the token ids are that prefix of the free run's, whole, and the text is cut
+    right after the stop string."""
+    model, tokenizer = build_tiny("tiny", seed=1, tokenizer=bpe_tokenizer)
+    model.eval()
+    engine = HFEngine(model, tokenizer, static=static)
+    prompt = [[tokenizer.bos_token_id, *tokenizer.encode("Question: 12*3=\n", add_special_tokens=False)]]
+    free = engine.generate(prompt, SamplingParams(max_new_tokens=24, seed=3))
+    ids = free.completion_ids[0]
+    pieces = [tokenizer.decode([i]) for i in ids]
+
+    def plain(text: str) -> bool:
+        return text.isprintable() and "\ufffd" not in text
+
+    wide = next(k for k, piece in enumerate(pieces) if k and len(piece) >= 3 and plain(piece + pieces[k - 1]))
+    stops = [pieces[wide][:-1], pieces[wide - 1][-1] + pieces[wide][:2]]  # ends inside a token; spans two
+    for stop in stops:
+        cut = engine.generate(prompt, SamplingParams(max_new_tokens=24, seed=3, stop=[stop]))
+        kept = cut.completion_ids[0]
+        assert kept == ids[: len(kept)] and cut.finish_reasons == ["stop"]
+        assert stop in tokenizer.decode(kept) and stop not in tokenizer.decode(kept[:-1])
+        text = tokenizer.decode(kept)
+        assert cut.texts[0] == text[: text.find(stop) + len(stop)]
+
+
 # -- engine state and containers -----------------------------------------------------------------
 
 
