@@ -74,12 +74,14 @@ def build(trainer: str, strategy: str, out: Path, steps: int, save_every: int | 
         from tether.config.rl import PPOConfig
         from tether.trainers.ppo import PPOTrainer
 
-        # batch-normalised scores, whitened GAE advantages and an adaptive beta: all over the whole job's batch.
+        # batch-normalised scores, whitened GAE advantages and an adaptive beta: all over the whole job's batch;
+        # the first of the 3 steps trains the critic alone (critic.warmup_steps).
         # AdamW with eps 1: an update linear in the gradient, so float noise is not amplified (as Adam's
         # g / sqrt(v) does for near-zero gradients) and the final weights can be compared too
         common = {**common, "optim": {"lr": 0.05, "eps": 1.0, "schedule": "constant"}}
-        cfg = PPOConfig(**common, **rl, critic={"init": "policy", "coef": 0.5}, rollout={"group_size": 2,
-                        "max_new_tokens": 8}, reward_norm="batch", entropy={"coef": 0.01}, num_iterations=2,
+        cfg = PPOConfig(**common, **rl, critic={"init": "policy", "coef": 0.5, "warmup_steps": 1},
+                        rollout={"group_size": 2, "max_new_tokens": 8}, reward_norm="batch", entropy={"coef": 0.01},
+                        num_iterations=2,
                         kl={"coef": 0.05, "controller": "adaptive", "target": 0.5, "horizon": 8})
         trainer_ = PPOTrainer(cfg, model, tokenizer, out, stage=trainer)
         trainer_.engine = ScriptedEngine(tokenizer)

@@ -158,14 +158,16 @@ def metric(run: Path, stage: str, key: str) -> dict[int, float]:
 def test_ppo_matches_single_process(tmp_path):
     """PPO on 2 ranks (DDP) is the single-process run: the same losses and critic losses per step (reward
     normalisation, GAE whitening and the adaptive KL coefficient use the whole job's batch), and the same
-    final policy and critic weights (the worker's AdamW has eps 1, so an update is linear in the gradient)."""
+    final policy and critic weights (the worker's AdamW has eps 1, so an update is linear in the gradient).
+    The first step is a critic warm-up, whose loss reaches the critic without DDP's forward: without the
+    trainer's own averaging of its gradients each rank's critic went its own way (weights 1.7e-2 apart)."""
     run_worker(tmp_path / "one", "ppo:ddp", nproc=1)
     run_worker(tmp_path / "two", "ppo:ddp", nproc=2)
     one, two = tmp_path / "one" / "ddp", tmp_path / "two" / "ddp"
     check_matches(one, two, "ppo", "ddp")
     for key in ("value/loss", "grad_norm", "advantage/advantage_std", "kl_coef", "kl/sequence", "entropy"):
         expected, got = metric(one, "ppo", key), metric(two, "ppo", key)
-        assert expected.keys() == got.keys() and len(expected) == 3, key
+        assert expected.keys() == got.keys() and len(expected) == (2 if key == "entropy" else 3), key  # warm-up
         for step in expected:  # absolute slack for values at float noise (the KL of step 1 is ~1e-7 or 0)
             assert got[step] == pytest.approx(expected[step], rel=RTOL, abs=1e-6), (key, step)
     a, b = final_weights(one, "ppo"), final_weights(two, "ppo")

@@ -198,13 +198,3 @@ def test_resume_inside_the_critic_warmup_is_exact(tmp_path):
     resumed.train(resume=True)
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-
-
-def test_critic_warmup_is_refused_on_several_ranks():
-    from tether.config.rl import CriticConfig
-    from tether.trainers.critic import check_warmup_ranks
-
-    check_warmup_ranks(CriticConfig(warmup_steps=2), 1)
-    check_warmup_ranks(CriticConfig(warmup_steps=0), 2)
-    with pytest.raises(ValueError, match="one process"):
-        check_warmup_ranks(CriticConfig(warmup_steps=2), 2)

@@ -22,6 +22,9 @@ a resume continues from; whether a step warms up is a function of that step numb
 run resumed inside the warm-up reproduces the uninterrupted one exactly. Its optimiser updates
 advance the learning-rate schedule as PPO's do (one schedule over all ``max_steps``, both parameter
 groups), so a policy ``optim.warmup_steps`` or a decay partly elapses during the critic warm-up.
+Under torchrun (DDP) the warm-up's loss reaches the critic without the wrapper's forward, which is what
+arms DDP's gradient averaging, so the trainer averages the critic's gradients over the ranks itself
+(:func:`~tether.trainers.parallel.average_unsynced_gradients`): 2 ranks give the one-process run (tested).
 The warm-up loss is the value loss unweighted (``critic.coef`` weighs it against a policy loss that is
 absent here). How it departs from OpenRLHF: there actor and critic have their own optimisers and
 schedules, and the frozen actor's schedule does not advance; here the one joint optimiser's critic
@@ -34,7 +37,6 @@ from typing import Any
 
 import torch
 
-from tether.config.base import ConfigError
 from tether.config.rl import CriticConfig
 from tether.core.policy_losses import value_loss_clipped
 from tether.models.value_model import completion_values
@@ -44,14 +46,6 @@ from tether.rollout import Rollout
 def in_critic_warmup(critic: CriticConfig | None, step: int) -> bool:
     """Whether training step ``step`` (0-based: the number of steps completed before it) updates the critic only."""
     return critic is not None and step < critic.warmup_steps
-
-
-def check_warmup_ranks(critic: CriticConfig | None, world_size: int) -> None:
-    """Refuse a critic warm-up on several ranks: its backward leaves the actor without gradients, which the
-    DDP wrapper's reducer does not accept (measured: it fails with "gradient which is undefined")."""
-    if critic is not None and critic.warmup_steps > 0 and world_size > 1:
-        raise ConfigError("critic.warmup_steps runs in one process only for now (under torchrun the actor's missing "
-                         "gradients stop DDP's reducer); set it to 0 for a multi-rank run")
 
 
 def warmup_metrics(critic: CriticConfig | None, warmup: bool) -> dict[str, float]:

@@ -239,8 +239,10 @@ class Trainer:
         total = float(all_reduce_sum(local))
         return max(total, 1.0) / self.dist.world_size
 
-    def optimizer_step(self, micro_batches: Iterable[Any], loss_fn: LossFn) -> dict[str, float]:
-        """Forward/backward over the micro-batches, clip, step the optimiser and schedule."""
+    def optimizer_step(self, micro_batches: Iterable[Any], loss_fn: LossFn,
+                       after_backward: Callable[[], None] | None = None) -> dict[str, float]:
+        """Forward/backward over the micro-batches, ``after_backward()`` (when given), clip, step the optimiser
+        and schedule."""
         self.model.train()
         totals: dict[str, float] = {}
         loss_sum, n = 0.0, 0
@@ -256,6 +258,8 @@ class Trainer:
             n += 1
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + to_float(value)
+        if after_backward is not None:
+            after_backward()
         out = {k: v / max(n, 1) for k, v in totals.items()}
         out["loss"] = loss_sum
         params = [p for p in self.model.parameters() if p.requires_grad]

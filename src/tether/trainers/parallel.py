@@ -181,6 +181,27 @@ def gathered(model: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., An
     return run
 
 
+def average_unsynced_gradients(model: torch.nn.Module) -> None:
+    """Average over the ranks the gradients a DDP model holds after a backward its wrapper did not see.
+
+    DDP averages gradients in backward only after its own ``forward`` has run (that arms its reducer). A loss
+    computed through a part of the wrapped module alone, such as PPO's critic warm-up calling the critic's
+    ``values``, leaves each rank with its own gradients; this averages them (one all-reduce of every gradient
+    that is set, as DDP's mean) and leaves parameters without a gradient at None, so AdamW still skips them.
+    Every rank must call it, after the same backward passes (the set of gradients is then the same on each).
+    A no-op in one process and for a model not wrapped in DDP."""
+    if not isinstance(model, DistributedDataParallel) or not _distributed():
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat.div_(dist.get_world_size())
+    for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(averaged)
+
+
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The whole model's weights on CPU on rank 0 (None elsewhere); collective under FSDP2."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

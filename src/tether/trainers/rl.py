@@ -47,12 +47,12 @@ from tether.rewards import RunningMoments, overlong_penalty, shape_scores
 from tether.rollout import Rollout, SamplingParams
 from tether.scoring import reward_composer
 from tether.trainers.async_rollout import AsyncSteps, EngineSampler
-from tether.trainers.critic import CriticSteps, check_warmup_ranks, in_critic_warmup, warmup_metrics
+from tether.trainers.critic import CriticSteps, in_critic_warmup, warmup_metrics
 from tether.trainers.distillation import Distillation, DistillationSteps
 from tether.trainers.distributed import all_gather_rows, all_reduce_sum
 from tether.trainers.entropy_control import EntropyControl
 from tether.trainers.loop import Trainer
-from tether.trainers.parallel import full_parameters, global_advantages
+from tether.trainers.parallel import average_unsynced_gradients, full_parameters, global_advantages
 from tether.trainers.process_supervision import ProcessRewards
 from tether.trainers.rl_report import RolloutReport
 from tether.trainers.rollout_consistency import MismatchTracker, sampler_as_old
@@ -123,7 +123,6 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
         self.entropy = EntropyControl(cfg.entropy, cfg.top_entropy_quantile)
         self.running_baseline: torch.Tensor | None = None
         self.process_rewards: ProcessRewards | None = None  # built on first use (grpo_process)
-        check_warmup_ranks(cfg.critic, self.dist.world_size)
         self.prompt_cursor = 0
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -412,7 +411,9 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
             self.running_baseline = adv.state["running_baseline"]
         warmup = in_critic_warmup(cfg.critic, self.step)  # the critic alone (critic.py)
         step_loss = self.value_loss if warmup else self.loss
-        update_metrics = self.minibatch_updates(batch.mask, cfg.num_iterations, lambda rows, d: step_loss(batch, rows, d))
+        sync = (lambda: average_unsynced_gradients(self.model)) if warmup else None  # its loss skips DDP's forward
+        update_metrics = self.minibatch_updates(batch.mask, cfg.num_iterations, lambda rows, d: step_loss(batch, rows, d),
+                                                after_backward=sync)
         self.async_published()
         metrics = dict(batch.metrics)
         metrics.update({f"advantage/{k}": v for k, v in adv.metrics.items()})
@@ -441,18 +442,20 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
         return figures
 
     def minibatch_updates(self, mask: torch.Tensor, passes: int,
-                          loss: Callable[[torch.Tensor, dict[str, float]], tuple[torch.Tensor, dict]]
-                          ) -> dict[str, float]:
+                          loss: Callable[[torch.Tensor, dict[str, float]], tuple[torch.Tensor, dict]],
+                          after_backward: Callable[[], None] | None = None) -> dict[str, float]:
         """``passes`` passes over the rollout's rows (``mask`` is (N, C)), each in ``mini_batches``
         shuffled minibatches of one optimiser step; ``loss(rows, denominators)`` with the minibatch's
-        global token and sequence counts. Returns the last step's metrics."""
+        global token and sequence counts, ``after_backward`` as :meth:`Trainer.optimizer_step` takes it.
+        Returns the last step's metrics."""
         out: dict[str, float] = {}
         shuffle = torch.Generator().manual_seed(self.config.train.seed * 7919 + self.step)  # a pure function of the step
         for _ in range(passes):
             for minibatch in torch.randperm(mask.shape[0], generator=shuffle).chunk(self.config.mini_batches):
                 denominators = {"global_tokens": self.global_count(num_tokens(mask[minibatch])),
                                 "global_seqs": self.global_count(num_seqs(mask[minibatch]))}
-                out = self.optimizer_step(self.micro_batches(minibatch), lambda rows, d=denominators: loss(rows, d))
+                out = self.optimizer_step(self.micro_batches(minibatch), lambda rows, d=denominators: loss(rows, d),
+                                          after_backward)
         if self.config.critic is not None:
             out["lr/critic"] = self.scheduler.get_last_lr()[-1]
         return out
