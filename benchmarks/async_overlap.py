@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--trainers", nargs="+", default=["grpo", "agent"], choices=["grpo", "agent"])
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args()
+    if args.out is not None and args.out.is_dir():  # written at the end: refused before the work, not after
+        parser.error(f"--out names the JSON file to write, not the folder {str(args.out)!r}")
     import torch
 
     torch.set_num_threads(1)

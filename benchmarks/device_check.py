@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="skip the engine and frozen-pass checks")
     parser.add_argument("--out", type=Path, default=Path("device_check.json"))
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.is_dir():  # written at the end: refused before the work, not after
+        parser.error(f"--out names the JSON file to write, not the folder {str(args.out)!r}")
 
     from tether.stages.pipeline import builtin_recipes
 

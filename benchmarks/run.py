@@ -360,7 +360,8 @@ def commit() -> str | None:
 
 
 def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """Add ``--models`` / ``--workloads`` / ``--quick`` to ``parser`` and parse; the two lists checked."""
+    """Add ``--models`` / ``--workloads`` / ``--quick`` to ``parser`` and parse; the two lists checked, and
+    ``--out`` (the caller's) checked before any work: a JSON file path whose folder is made here."""
     parser.add_argument("--models", default="tiny,small")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--precisions", default="fp32", help="fp32, bf16-mixed or both, comma-separated")
@@ -378,6 +379,12 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     for name in args.models:
         if name not in SPECS:
             parser.error(f"unknown model {name!r}; valid: {', '.join(SPECS)}")
+    if args.out.is_dir() or args.out.suffix != ".json":
+        parser.error(f"--out names the JSON file to write (the markdown goes beside it), not {str(args.out)!r}")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out: cannot create {args.out.parent}: {err.strerror}")
     return args
 
 

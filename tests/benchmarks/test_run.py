@@ -185,3 +185,23 @@ assert SPECS["small-32k"] == SPECS["small"]
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_a_bad_out_path_is_refused_before_any_work(tmp_path, capsys):
+    """``--out`` is checked when the arguments are parsed (a profile or a full run takes 10-16 min, and the
+    file is written at the end): a folder or a name without ``.json`` is refused in one line; a missing folder
+    is made."""
+    import argparse
+
+    run = _run_module()
+    for bad in (tmp_path, tmp_path / "results.md"):
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--out", type=Path)
+        with pytest.raises(SystemExit) as exit_info:
+            run.parse_selection(parser, ["--out", str(bad)])
+        assert exit_info.value.code == 2
+        assert "--out names the JSON file to write" in capsys.readouterr().err
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path)
+    args = run.parse_selection(parser, ["--out", str(tmp_path / "new" / "rows.json")])
+    assert args.out.parent.is_dir() and args.models == ["tiny", "small"]
