@@ -1,28 +1,77 @@
 """The sandbox against adversarial programs: each is contained and reported, and the host is unaffected.
 
 Limits are kept small (1 s of CPU, 128 MB, 4 processes) so the suite is quick and a fork bomb never
-gets far on a shared machine. Every program runs under both isolation mechanisms: Linux namespaces
-(when this machine permits them: root with CAP_SYS_ADMIN) and the audit-hook fallback.
+gets far on a shared machine. Every program runs under each isolation mechanism: Linux namespaces as
+root (when this machine permits them: root with CAP_SYS_ADMIN), a user namespace as an ordinary user
+(the launcher run as ``nobody`` with the system's python3, when the suite runs as root and the kernel
+permits unprivileged user namespaces), and the audit-hook fallback.
 """
 
+import contextlib
 import os
+import shutil
 import socket
+import stat
+import subprocess
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+import tether.runtime.sandbox as sandbox
 from tether.runtime.sandbox import _UID_BASE, _UID_SLOTS, SandboxLimits, isolation_report, run_python
 
 SMALL = dict(cpu_s=1, wall_s=4, memory_mb=128, file_size_kb=64, output_bytes=10_000)
 NAMESPACES = isolation_report().get("network") == "namespace"
+NOBODY = 65534
+SETPRIV = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+def _readable_by_others(path: Path) -> bool:
+    return all(a.stat().st_mode & stat.S_IXOTH for a in path.parents) and bool(path.stat().st_mode & stat.S_IROTH)
+
+
+def _user_namespaces_unavailable() -> str:
+    """Why the suite cannot run the sandbox as an ordinary user here ("" when it can)."""
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not python:
+        return "needs root, setpriv and a system python3 to run the launcher as nobody"
+    if not (sandbox.open_to_others(os.path.realpath(python)) and _readable_by_others(sandbox.LAUNCHER)):
+        return "the system python3 or the launcher is closed to other users"
+    probe = "import ctypes; raise SystemExit(ctypes.CDLL(None).unshare(0x10000000) != 0)"
+    if subprocess.run([*SETPRIV, python, "-I", "-S", "-c", probe], capture_output=True).returncode != 0:
+        return "this kernel does not permit unprivileged user namespaces"
+    return ""
+
+
+USER_NAMESPACES_UNAVAILABLE = _user_namespaces_unavailable()
+
+
+@contextlib.contextmanager
+def as_nobody(private: list[str] | None = None):
+    """``run_python`` starts its launcher as ``nobody`` (and runs programs with the system's python3, which
+    nobody can run); ``private`` replaces the home directory the launcher would hide."""
+    python = os.path.realpath(shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin"))
+    with mock.patch.object(sandbox, "_interpreter", lambda: (python, str(Path(python).parent.parent))), \
+            mock.patch.object(sandbox, "_launcher_argv", lambda py: [*SETPRIV, py, "-I", "-S", "-B",
+                                                                     str(sandbox.LAUNCHER)]), \
+            mock.patch.object(sandbox, "_private_directories", lambda: list(private or [])):
+        yield
+
+
 MODES = [pytest.param(True, id="namespaces",
                       marks=pytest.mark.skipif(not NAMESPACES, reason="namespaces not permitted here")),
+         pytest.param("user", id="user-namespace",
+                      marks=pytest.mark.skipif(bool(USER_NAMESPACES_UNAVAILABLE), reason=USER_NAMESPACES_UNAVAILABLE)),
          pytest.param(False, id="fallback")]
 
 
-def run(code: str, namespaces: bool, **limits):
-    return run_python(code, limits=SandboxLimits(**{**SMALL, "namespaces": namespaces, **limits}))
+def run(code: str, namespaces: bool | str, **limits):
+    """``code`` in the sandbox: ``namespaces`` True (as root), "user" (as nobody, in a user namespace) or False."""
+    context = as_nobody() if namespaces == "user" else contextlib.nullcontext()
+    with context:
+        return run_python(code, limits=SandboxLimits(**{**SMALL, "namespaces": bool(namespaces), **limits}))
 
 
 def _describe(pid: int) -> str:
@@ -33,15 +82,16 @@ def _describe(pid: int) -> str:
         return "gone"
 
 
-def sandbox_processes() -> list[int]:
-    """Pids of live processes owned by one of this test process's sandbox uids. A zombie (state Z: dead,
-    waiting for whoever inherited it to read its exit status) is not live: a killed fallback program whose
-    launcher was killed with it is inherited by the machine's pid 1, which may reap it late."""
+def sandbox_processes(*uids: int) -> list[int]:
+    """Pids of live processes owned by one of this test process's sandbox uids (or by ``uids``). A zombie
+    (state Z: dead, waiting for whoever inherited it to read its exit status) is not live: a killed fallback
+    program whose launcher was killed with it is inherited by the machine's pid 1, which may reap it late."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if _UID_BASE <= entry.stat().st_uid < _UID_BASE + _UID_SLOTS and \
+                uid = entry.stat().st_uid
+                if (_UID_BASE <= uid < _UID_BASE + _UID_SLOTS or uid in uids) and \
                         (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     pids.append(int(entry.name))
             except (FileNotFoundError, ProcessLookupError, IndexError):
@@ -53,7 +103,8 @@ def sandbox_processes() -> list[int]:
 def test_a_well_behaved_program_runs(namespaces):
     result = run("import sys\nprint(sum(range(10)), sys.stdin.read())", namespaces, wall_s=10)
     assert result.ok and result.stdout == "45 \n" and result.stderr == ""
-    result = run_python("print(input()[::-1])", limits={"namespaces": namespaces}, stdin="abc\n")
+    with as_nobody() if namespaces == "user" else contextlib.nullcontext():
+        result = run_python("print(input()[::-1])", limits={"namespaces": bool(namespaces)}, stdin="abc\n")
     assert result.stdout == "cba\n"
     failed = run("raise ValueError('boom')", namespaces)
     assert failed.exit_code == 1 and failed.limit is None and failed.error == "ValueError: boom"
@@ -63,7 +114,7 @@ def test_a_well_behaved_program_runs(namespaces):
 def test_fork_bomb_is_contained(namespaces):
     result = run("import os\nwhile True:\n    os.fork()\n", namespaces, processes=4)
     assert result.limit == "processes" and not result.ok
-    assert sandbox_processes() == []  # nothing survives the run
+    assert sandbox_processes(*([NOBODY] if namespaces == "user" else [])) == []  # nothing survives the run
 
 
 @pytest.mark.parametrize("namespaces", MODES)
@@ -150,6 +201,44 @@ def test_a_permitted_shell_runs_unprivileged_and_isolated(monkeypatch):
     assert str(os.getpid()) not in lines[2:]  # its own pid namespace: the host's processes are invisible
     left = sandbox_processes()
     assert left == [], [(pid, _describe(pid)) for pid in left]
+
+
+@pytest.mark.skipif(bool(USER_NAMESPACES_UNAVAILABLE), reason=USER_NAMESPACES_UNAVAILABLE)
+def test_an_ordinary_users_program_has_no_capabilities_and_no_view_of_their_files():
+    """As an ordinary user the program is its user namespace's root without a single capability: it cannot
+    remount the read-only tree, make another user namespace, or see the user's home directory (here a
+    0700 folder of nobody's with a secret nobody can read outside the sandbox); children it may have
+    (processes=4) count against its limit only, and see only the sandbox's processes."""
+    home = Path(f"/var/tmp/tether-home-{uuid.uuid4().hex}")
+    home.mkdir(mode=0o700)
+    (home / "secret").write_text("hunter2")
+    for path in (home, home / "secret"):
+        os.chown(path, NOBODY, NOBODY)
+    code = """import ctypes, os, subprocess
+caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff')]
+libc = ctypes.CDLL(None, use_errno=True)
+print('remount', libc.mount(None, b'/', None, 32 | 4096, None), 'unshare', libc.unshare(0x10000000))
+try:
+    print('read', open(SECRET).read())
+except OSError as err:
+    print('hidden', type(err).__name__)
+print('caps', caps[0], 'shell', *subprocess.run(['/bin/sh', '-c', 'id -u; ls /proc'], capture_output=True,
+      text=True).stdout.split())""".replace("SECRET", repr(str(home / "secret")))
+    try:
+        with as_nobody(private=[str(home)]):
+            result = run_python(code, limits=SandboxLimits(**{**SMALL, "processes": 4}))
+        outside = subprocess.run([*SETPRIV, "cat", str(home / "secret")], capture_output=True, text=True).stdout
+    finally:
+        shutil.rmtree(home)
+    assert outside == "hunter2"  # nobody can read it on the host
+    assert result.ok, result.stderr
+    assert result.isolation["user"].startswith(f"user namespace (uid {NOBODY} as its root, no capabilities)")
+    words = result.stdout.split()
+    assert words[:4] == ["remount", "-1", "unshare", "-1"] and words[4:6] == ["hidden", "FileNotFoundError"]
+    assert words[6:8] == ["caps", "0000000000000000"] and words[8:10] == ["shell", "0"]
+    pids = [int(w) for w in words[10:] if w.isdigit()]
+    assert 1 in pids and max(pids) < 10 and str(os.getpid()) not in words  # its own pid namespace
+    assert sandbox_processes(NOBODY) == []
 
 
 @pytest.mark.parametrize("namespaces", MODES)

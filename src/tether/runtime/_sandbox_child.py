@@ -19,7 +19,18 @@ Full isolation (root with CAP_SYS_ADMIN, Linux):
    ``RLIMIT_NOFILE``, no core files), a dedicated unprivileged uid (so ``RLIMIT_NPROC`` counts only
    its processes: the kernel does not apply it to root), an empty environment, ``python -I -S``.
 
-Fallback (no namespaces: not root, or ``namespaces: false``): the same limits and environment in a
+Not root (Linux with unprivileged user namespaces): the same, inside a new user namespace in which this
+user's uid is root, ``unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)``. Mounts made
+there are the user's to undo, so the program first loses every capability (bounding set emptied,
+capabilities cleared, ``SECBIT_NOROOT`` locked so exec grants none, no new privileges): it keeps the user's
+own file permissions and nothing more. The whole mount tree is made read-only (``mount_setattr`` with
+``AT_RECURSIVE``; as root too, since 2026-12-08: a separately mounted ``/home`` or ``/var/tmp`` stayed
+writable under a read-only ``/`` alone), the user's home directory is covered by an empty tmpfs (the
+interpreter's prefix re-exposed if it lives there), and ``RLIMIT_NPROC`` counts the namespace's processes
+only (Linux >= 5.14 counts per user namespace; the launcher and the namespace's pid 1 are two of them, so
+the limit is ``processes + 2``).
+
+Fallback (no namespaces: ``namespaces: false``, or a kernel that permits neither): the same limits and environment in a
 fresh host temporary directory (made and removed by the parent), with a Python audit hook that refuses
 sockets, process creation (a child would run without the hook), signals to other processes, writes and
 file changes outside the directory (``mkfifo`` / ``mknod``, which raise no audit event, are replaced by
@@ -43,10 +54,15 @@ import signal
 import stat
 import sys
 
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1  # x86-64 / arm64 number
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 24, 28, 38, 47
+PR_CAP_AMBIENT_CLEAR_ALL, CAPABILITY_VERSION_3 = 4, 0x20080522
+# NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (locked off) and NO_CAP_AMBIENT_RAISE, each with its lock bit
+SECURE_NO_PRIVILEGE = 0b11101111
 
 AUDIT_PRELUDE = r'''
 import os, sys
@@ -111,42 +127,108 @@ def _mount(libc, source, target, fstype, flags, data=None):
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
-def _expose_prefix(libc, prefix):
-    """Make ``prefix`` reachable for an unprivileged uid when an ancestor is closed to others
-    (e.g. a pyenv interpreter under a 0700 ``/root``): a tmpfs over that ancestor, holding only
-    the path down to a read-only bind of the prefix."""
+def _inside(path, directory):
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _cover(libc, directory, prefix):
+    """An empty read-only tmpfs over ``directory``; when the interpreter's ``prefix`` lies below it, the tmpfs
+    holds only the path down to a read-only bind of the prefix."""
+    keep = _inside(prefix, directory)
+    stage = "/tmp/.tether-prefix"
+    if keep:
+        os.mkdir(stage)
+        _mount(libc, prefix, stage, None, MS_BIND | MS_REC)
+    _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+    if keep:
+        os.makedirs(prefix, mode=0o755)
+        _mount(libc, stage, prefix, None, MS_BIND | MS_REC)
+        _mount(libc, None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _locked_flags(prefix))
+        libc.umount2(stage.encode(), MNT_DETACH)
+        os.rmdir(stage)
+    _mount(libc, None, directory, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _closed_ancestor(prefix):
+    """The first directory above ``prefix`` that other users cannot search (a pyenv under a 0700 ``/root``), or None."""
     parts = prefix.strip("/").split("/")
     ancestors = ["/" + "/".join(parts[: i + 1]) for i in range(len(parts) - 1)]
-    closed = next((a for a in ancestors if not os.stat(a).st_mode & stat.S_IXOTH), None)
-    if closed is None:
+    return next((a for a in ancestors if not os.stat(a).st_mode & stat.S_IXOTH), None)
+
+
+def _locked_flags(path):
+    """The mount flags a user namespace may not clear on a mount it inherited (a remount must repeat them)."""
+    flags = os.statvfs(path).f_flag
+    pairs = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+             (os.ST_NOATIME, 1024), (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
+    return sum(ms for st, ms in pairs if flags & st)
+
+
+def _read_only_tree(libc):
+    """Every mount read-only (``mount_setattr``, Linux >= 5.12), or ``/`` alone where that call is missing."""
+    attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY, 0, 0, 0)  # attr_set, attr_clr, propagation, userns_fd
+    if libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), b"/", ctypes.c_uint(AT_RECURSIVE),
+                    attr, ctypes.c_size_t(ctypes.sizeof(attr))) == 0:
         return
-    stage = "/tmp/.tether-prefix"
-    os.mkdir(stage)
-    _mount(libc, prefix, stage, None, MS_BIND | MS_REC)
-    _mount(libc, "tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
-    os.makedirs(prefix, mode=0o755)
-    _mount(libc, stage, prefix, None, MS_BIND | MS_REC)
-    _mount(libc, None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    libc.umount2(stage.encode(), MNT_DETACH)
-    os.rmdir(stage)
+    _mount(libc, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | _locked_flags("/"))
 
 
 def _isolate_filesystem(libc, job):
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
+    _read_only_tree(libc)
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['disk_kb']}k,mode=1777")
     if os.path.isdir("/dev/shm"):
         _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
-    _expose_prefix(libc, job["prefix"])
-    _mount(libc, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    if os.geteuid() == 0 and job["uid"] is not None:  # root: the program's uid must reach the interpreter
+        closed = _closed_ancestor(job["prefix"])
+        if closed is not None:
+            _cover(libc, closed, job["prefix"])
+    for directory in job.get("private", []):  # a user namespace: the program is this user; hide their files
+        if os.path.isdir(directory) and directory not in ("/", "/tmp"):
+            _cover(libc, directory, job["prefix"])
 
 
-def _set_limits(job):
+def _enter_user_namespace(libc):
+    """Not root: a new user namespace (this uid as its root), with new mount, network and pid namespaces."""
+    uid, gid = os.getuid(), os.getgid()
+    if not _try_unshare(libc, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID):
+        return False
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError as err:  # in new namespaces without a uid: nothing safe to fall back to in this process
+        os.write(2, f"sandbox: the user namespace could not map uid {uid}: {err}\n".encode())
+        os._exit(125)
+    return True
+
+
+def _drop_capabilities(libc):
+    """Give up every capability of the user namespace's root, for good: the program could otherwise undo the
+    namespace's mounts. Exec grants none afterwards (``SECBIT_NOROOT`` locked, empty bounding set)."""
+    def prctl(*args):
+        if libc.prctl(*(ctypes.c_ulong(a) for a in args), *(ctypes.c_ulong(0),) * (5 - len(args))) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl{args}: {os.strerror(ctypes.get_errno())}")
+    prctl(PR_SET_SECUREBITS, SECURE_NO_PRIVILEGE)
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    cap = 0
+    while libc.prctl(ctypes.c_int(PR_CAPBSET_DROP), ctypes.c_ulong(cap), 0, 0, 0) == 0:
+        cap += 1
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), f"capset: {os.strerror(ctypes.get_errno())}")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _set_limits(job, isolation):
     cpu = max(1, int(job["cpu_s"] + 0.999))
     memory = job["memory_mb"] * 2**20
     limits = [(resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (memory, memory)),
               (resource.RLIMIT_FSIZE, (job["file_size_kb"] * 1024,) * 2), (resource.RLIMIT_CORE, (0, 0)),
               (resource.RLIMIT_NOFILE, (64, 64))]
-    if job["uid"] is not None or os.geteuid() != 0:  # the kernel never applies RLIMIT_NPROC to root
+    if isolation["user"].startswith("user namespace"):  # the launcher and pid 1 share the program's count
+        limits.append((resource.RLIMIT_NPROC, (job["processes"] + 2,) * 2))
+    elif job["uid"] is not None or os.geteuid() != 0:  # the kernel never applies RLIMIT_NPROC to real root
         limits.append((resource.RLIMIT_NPROC, (job["processes"], job["processes"])))
     for kind, value in limits:
         resource.setrlimit(kind, value)
@@ -169,11 +251,13 @@ def _program(job, workdir, isolation):
                 os.chown(name, uid, uid)
     os.chdir(workdir)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    _set_limits(job)
+    _set_limits(job, isolation)
     if uid is not None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    elif isolation["user"].startswith("user namespace"):
+        _drop_capabilities(_libc())
     argv = [job["python"], "-I", "-S", "-B"]
     if isolation["network"] == "namespace":
         argv.append("main.py")
@@ -194,8 +278,15 @@ def _init(job, isolation, report):
     libc = _libc()
     try:
         _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    except OSError:
-        isolation["processes"] += " (host /proc visible)"
+    except OSError:  # e.g. a container that masks parts of its /proc: then no /proc rather than the host's
+        _mount(libc, "tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
+        isolation["processes"] += " (no /proc: a private one could not be mounted)"
+    if isolation["user"].startswith("user namespace"):  # no nested user namespace (its root would regain
+        try:                                             # capabilities there)
+            with open("/proc/sys/user/max_user_namespaces", "w") as f:
+                f.write("0")
+        except OSError:
+            isolation["user"] += ", nested user namespaces permitted"
     workdir = "/tmp/sandbox"
     os.mkdir(workdir, 0o700)
     pid = os.fork()
@@ -225,10 +316,17 @@ def main():
         status.write(json.dumps(obj) + "\n")
 
     isolation = {"network": "audit-hook", "filesystem": "audit-hook", "processes": "rlimit", "user": "unchanged"}
-    namespaces = False
-    if job["namespaces"] and sys.platform.startswith("linux") and os.geteuid() == 0:
+    namespaces = user_namespace = False
+    if job["namespaces"] and sys.platform.startswith("linux"):
         libc = _libc()
-        namespaces = _try_unshare(libc, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)
+        if os.geteuid() == 0:
+            namespaces = _try_unshare(libc, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)
+        else:
+            real_uid = os.getuid()
+            namespaces = user_namespace = _enter_user_namespace(libc)
+            if user_namespace:
+                job["uid"] = None
+                isolation["user"] = f"user namespace (uid {real_uid} as its root, no capabilities)"
         if namespaces:
             try:
                 _isolate_filesystem(libc, job)
@@ -236,11 +334,11 @@ def main():
                 os.write(2, f"sandbox: filesystem isolation failed: {err}\n".encode())
                 os._exit(125)
     if namespaces:
-        isolation.update(network="namespace", filesystem="namespace (read-only root, private tmpfs /tmp)",
-                         processes="pid namespace + RLIMIT_NPROC")
+        isolation.update(network="namespace", filesystem="namespace (read-only mounts, private tmpfs /tmp"
+                         + (", home hidden)" if user_namespace else ")"), processes="pid namespace + RLIMIT_NPROC")
     else:
         isolation["processes"] = "audit-hook (no process creation)"
-    if os.geteuid() == 0 and not namespaces and job["shared_python"] is not None:
+    if os.geteuid() == 0 and not namespaces and job["shared_python"] is not None:  # (never in a user ns)
         if not job["shared_python"]:
             report({"refused": "the fallback sandbox never runs a program as root, and no Python here can be "
                                f"run by an unprivileged user ({job['python']} is closed to other users): set "
@@ -248,7 +346,9 @@ def main():
                                "under /usr/bin, or run where Linux namespaces are permitted"})
             os._exit(3)
         job["python"] = job["shared_python"]  # its own stdlib: the program needs nothing of tether's
-    if os.geteuid() == 0:
+    if user_namespace:
+        pass
+    elif os.geteuid() == 0:
         isolation["user"] = f"uid {job['uid']}"
     else:
         job["uid"] = None

@@ -15,8 +15,9 @@ output             stdout + stderr read with a bounded reader; killed at the cap
 =================  ==============================================================================
 
 and no network, no view of the host's files beyond a read-only root, and an empty environment.
-Which isolation mechanism was active (a Linux network / mount / pid namespace as root, or the
-audit-hook fallback) is reported in ``SandboxResult.isolation``; see ``_sandbox_child.py`` for both.
+Which isolation mechanism was active (Linux network / mount / pid namespaces: as root, or for any other
+user inside a user namespace of their own, without capabilities and with their home directory hidden; or
+the audit-hook fallback) is reported in ``SandboxResult.isolation``; see ``_sandbox_child.py`` for each.
 
 How "which limit was hit" is decided: signals and this process's own kills are certain; memory,
 file-size and process limits are read from the error the interpreter printed (``MemoryError``,
@@ -154,6 +155,23 @@ def shared_interpreter(python: str | None = None) -> str | None:
     return None
 
 
+def _launcher_argv(python: str) -> list[str]:
+    """The launcher's command line (the tests run it as another user)."""
+    return [python, "-I", "-S", "-B", str(LAUNCHER)]
+
+
+def _private_directories() -> list[str]:
+    """What a program in a user namespace must not see of its user's files: their home directory (it runs
+    with their permissions). Root's programs run under a dedicated uid instead, which cannot read it."""
+    if os.geteuid() == 0:
+        return []
+    with contextlib.suppress(KeyError, ImportError):
+        import pwd
+
+        return [os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir)]
+    return []
+
+
 def _read_bounded(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int
                   ) -> tuple[bytes, bytes, list[dict], str | None]:
     """Read stdout, stderr and the status pipe until all close, the deadline passes or the output cap is hit."""
@@ -234,11 +252,11 @@ def run_python(code: str, *, limits: SandboxLimits | dict | None = None, stdin: 
     with _UIDS.take() as uid, tempfile.TemporaryDirectory(prefix="tether-sandbox-") as workdir:
         status_r, status_w = os.pipe()
         job = {**limits.model_dump(), "code": code, "stdin": stdin, "status_fd": status_w, "uid": uid,
-               "python": python, "prefix": prefix, "workdir": workdir,
+               "python": python, "prefix": prefix, "workdir": workdir, "private": _private_directories(),
                "shared_python": None if open_to_others(python) else (shared_interpreter(limits.python) or "")}
         start = time.monotonic()
         try:
-            proc = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER)], stdin=subprocess.PIPE,
+            proc = subprocess.Popen(_launcher_argv(python), stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
                                     env={}, cwd="/", start_new_session=True)
         finally:
