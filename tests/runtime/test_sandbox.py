@@ -130,17 +130,37 @@ def test_allocating_10_gb_hits_the_memory_limit(namespaces):
     assert result.limit == "memory" and "allocated" not in result.stdout
 
 
+@pytest.fixture
+def separate_mount():
+    """A world-writable tmpfs mounted on its own (as a separate /home or /var/tmp would be), or None where
+    this process cannot mount one."""
+    where = Path(f"/var/tmp/tether-mount-{uuid.uuid4().hex}")
+    where.mkdir()
+    mounted = os.geteuid() == 0 and shutil.which("mount") and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=1777", "tmpfs", str(where)], capture_output=True).returncode == 0
+    try:
+        yield where if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)
+
+
 @pytest.mark.parametrize("namespaces", MODES)
-def test_writing_outside_its_directory_fails(namespaces, tmp_path):
+def test_writing_outside_its_directory_fails(namespaces, tmp_path, separate_mount):
+    """Nothing outside its directory is writable: the host's /tmp (hidden), /var/tmp, the working directory,
+    and a world-writable file system mounted on its own (every mount is read-only, not / alone)."""
     targets = [tmp_path / "escape.txt", Path(f"/var/tmp/tether-escape-{uuid.uuid4().hex}"),
                Path.cwd() / f"tether-escape-{uuid.uuid4().hex}"]
+    if separate_mount is not None:
+        targets.append(separate_mount / "escape.txt")
     code = "import sys\nfor path in sys.argv[1:] or %r:\n" % [str(t) for t in targets] + (
         "    try:\n        open(path, 'w').write('x')\n        print('wrote', path)\n"
         "    except OSError as err:\n        print('refused', type(err).__name__)\n"
         "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())")
     try:
         result = run(code, namespaces)
-        assert result.ok and "wrote" not in result.stdout and result.stdout.count("refused") == 3
+        assert result.ok and "wrote" not in result.stdout and result.stdout.count("refused") == len(targets)
         assert result.stdout.endswith("ok\n")  # its own directory is writable
         assert not any(t.exists() for t in targets)
     finally:
