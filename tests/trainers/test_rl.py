@@ -245,3 +245,20 @@ def test_process_supervised_grpo_raises_the_step_scores(tmp_path, monkeypatch):
         config(advantage="grpo_process")
     with pytest.raises(ValueError, match="not 'grpo'"):
         config(process_reward={"path": "x"})
+
+
+def test_each_rank_samples_with_its_own_seed_and_rank_0_with_one_process(tmp_path):
+    """Under torchrun each rank samples its own prompts; each draws its own noise. With one seed for all, row j
+    of every rank drew the same noise, so the same prompt on two ranks gave the same samples (here shown with
+    the same prompts). Rank 0's seed is a single process's: one-process runs do not move."""
+    from tether.trainers.distributed import DistInfo
+
+    t = trainer(tmp_path, config(train={"max_steps": 10, "batch_size": 8, "progress": False, "seed": 3}))
+    assert t.sampling_params(2, step=5).seed == 3 * 1_000_003 + 5 * 101 + 2
+    prompts = [t.prompt_ids[i] for i in range(4)]
+    ranks = []
+    for rank in (0, 1):
+        t.dist = DistInfo(rank=rank, world_size=2)
+        ranks.append(t.engine.generate(prompts, t.sampling_params(0, step=5)).completion_ids)
+    assert t.sampling_params(0, step=5).seed != 3 * 1_000_003 + 5 * 101
+    assert sum(a != b for a, b in zip(*ranks, strict=True)) >= len(ranks[0]) // 2

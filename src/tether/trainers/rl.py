@@ -22,7 +22,6 @@ registry correction (see rollout_consistency.py).
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -56,6 +55,7 @@ from tether.trainers.parallel import average_unsynced_gradients, full_parameters
 from tether.trainers.process_supervision import ProcessRewards
 from tether.trainers.rl_report import RolloutReport
 from tether.trainers.rollout_consistency import MismatchTracker, sampler_as_old
+from tether.trainers.step_draws import StepDraws
 
 
 @dataclass
@@ -88,7 +88,7 @@ class RLBatch:
         return len(self.rollout)
 
 
-class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Trainer):
+class RLTrainer(StepDraws, CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Trainer):
     """Generate -> score -> advantage -> clipped policy-gradient updates (and a critic), on the shared loop."""
 
     compares_frozen_passes = True
@@ -177,28 +177,6 @@ class RLTrainer(CriticSteps, DistillationSteps, AsyncSteps, RolloutReport, Train
             self.entropy.load_state_dict(state["entropy_control"])
 
     # ---- generate and score ---------------------------------------------------------------------
-    def next_prompts(self, count: int) -> list[int]:
-        """The next ``count`` prompt indices of a per-epoch shuffled order (seeded, resumable).
-
-        Under torchrun the order is shared and dealt round-robin: a draw takes ``count * world_size``
-        positions and rank r the r-th of every ``world_size``, so the ranks' prompts together are
-        the single-process batch and ``prompt_cursor`` (positions used) is the same on every rank.
-        """
-        out = []
-        n = len(self.records)
-        rank, world = self.dist.rank, self.dist.world_size
-        for i in range(count):
-            epoch, offset = divmod(self.prompt_cursor + i * world + rank, n)
-            order = list(range(n))
-            random.Random(f"{self.config.train.seed}:{epoch}").shuffle(order)
-            out.append(order[offset])
-        self.prompt_cursor += count * world
-        return out
-
-    def sampling_params(self, round_index: int, step: int | None = None) -> SamplingParams:
-        seed = self.config.train.seed * 1_000_003 + (self.step if step is None else step) * 101 + round_index
-        return self.config.rollout.params(self.config.rollout.group_size, seed)
-
     def columns(self, indices: list[int], rollout: Rollout) -> tuple[list[str], dict[str, list]]:
         """Each sample's prompt and its record's other columns (``answer``, ...), for the reward functions."""
         records = [self.records[indices[i]] for i in rollout.prompt_index]

@@ -1,0 +1,53 @@
+"""What an RL step draws: its prompts and its sampling seed, each a function of the step (and the rank).
+
+Mixed into :class:`~tether.trainers.rl.RLTrainer`, which owns ``config``, ``records``, ``dist``, ``step``
+and ``prompt_cursor``. Both are pure functions of what a checkpoint holds, so a resumed run draws what an
+uninterrupted one drew.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tether.rollout import SamplingParams
+
+# Under torchrun each rank samples its own prompts. With one seed for all of them, row j of every rank drew
+# the same noise, so the ranks sampled the same tokens wherever their prompts' next-token distributions
+# agree (as at the start of a completion): fewer distinct samples than the batch has rows.
+RANK_SEED_STRIDE = 1_000_000_007
+
+
+class StepDraws:
+    """The prompt order and the sampling seeds of the RL trainers."""
+
+    config: Any
+    records: list[dict]
+    dist: Any
+    step: int
+    prompt_cursor: int
+
+    def next_prompts(self, count: int) -> list[int]:
+        """The next ``count`` prompt indices of a per-epoch shuffled order (seeded, resumable).
+
+        Under torchrun the order is shared and dealt round-robin: a draw takes ``count * world_size``
+        positions and rank r the r-th of every ``world_size``, so the ranks' prompts together are
+        the single-process batch and ``prompt_cursor`` (positions used) is the same on every rank.
+        """
+        out = []
+        n = len(self.records)
+        rank, world = self.dist.rank, self.dist.world_size
+        for i in range(count):
+            epoch, offset = divmod(self.prompt_cursor + i * world + rank, n)
+            order = list(range(n))
+            random.Random(f"{self.config.train.seed}:{epoch}").shuffle(order)
+            out.append(order[offset])
+        self.prompt_cursor += count * world
+        return out
+
+    def sampling_params(self, round_index: int, step: int | None = None) -> SamplingParams:
+        """The engine parameters of a generation round: ``group_size`` samples per prompt and a seed that is a
+        function of the run's seed, the step, the round and the rank (rank 0's is a single process's)."""
+        seed = (self.config.train.seed * 1_000_003 + (self.step if step is None else step) * 101 + round_index
+                + self.dist.rank * RANK_SEED_STRIDE)
+        return self.config.rollout.params(self.config.rollout.group_size, seed)
