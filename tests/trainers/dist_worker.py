@@ -1,11 +1,12 @@
-"""One tiny SFT, DPO, GRPO or PPO run, the same in one process and under ``torchrun`` (used by test_parallel.py).
+"""One tiny SFT, DPO, GRPO (synchronous or async) or PPO run, the same in one process and under ``torchrun``
+(used by test_parallel.py).
 
 ``python dist_worker.py OUT TRAINER:STRATEGY[,...] [--steps N] [--save-every N] [--resume]`` in one
 process, or ``torchrun --nproc_per_node=2 dist_worker.py ...``; each job writes ``OUT/<strategy>``.
 The global batch is fixed whatever the number of ranks W: each rank takes ``GLOBAL_MICRO_BATCHES / W``
 micro-batches (grad_accum), or for GRPO and PPO ``PROMPTS / W`` prompts. RL rollouts come from a
 scripted engine, so that the samples do not depend on how the prompts are split over ranks
-(HFEngine draws from one generator per call). After training, rank 0 writes
+(HFEngine draws from one generator per call); ``grpo_async``'s producers sample with the real engine. After training, rank 0 writes
 ``OUT/<strategy>/<trainer>/placements.json``: how the parameters are laid out.
 """
 
@@ -89,6 +90,13 @@ def build(trainer: str, strategy: str, out: Path, steps: int, save_every: int | 
     from tether.config.rl import GRPOConfig
     from tether.trainers.rl import RLTrainer
 
+    if trainer == "grpo_async":  # each rank's producer samples with the real engine, one version behind; a reward
+        # every sample varies in (the random model earns no accuracy reward, and all-zero advantages train nothing)
+        cfg = GRPOConfig(**common, algorithm="grpo", rollout={"group_size": 4, "max_new_tokens": 8},
+                         rollout_correction={"mode": "tis"}, **{"async": {"max_staleness": 1, "threads": 1}},
+                         data={"task": {"name": "arithmetic", "n": 32}}, train={**train, "grad_accum": 1,
+                         "batch_size": PROMPTS // world}, rewards=[{"name": "length", "kwargs": {"target": 4}}])
+        return RLTrainer(cfg, model, tokenizer, out, stage=trainer)
     cfg = GRPOConfig(**common, algorithm="grpo", loss_agg="token-mean", kl={"coef": 0.1, "estimator": "k3"},
                      data={"task": {"name": "arithmetic", "n": 32}}, rollout={"group_size": 4, "max_new_tokens": 8},
                      rewards=[{"name": "accuracy", "kwargs": {"task": "arithmetic"}}],

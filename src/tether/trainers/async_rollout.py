@@ -23,7 +23,8 @@ refuses async without a correction mode).
 
 Resume: a checkpoint after step s keeps the prompts of the requested steps s .. s + K and the weights of
 versions s - K .. s - 1 (CPU copies; version s is the checkpointed model), so a resumed run re-sends the
-same requests and gets the same batches. Logged: ``async/staleness_mean``, ``async/staleness_max``,
+same requests and gets the same batches. Under torchrun (DDP) each rank runs its own producer on its own
+prompts; the checkpoint is rank 0's, so each rank recomputes its requested prompts from the prompt cursor. Logged: ``async/staleness_mean``, ``async/staleness_max``,
 ``async/generation_busy`` (the producer's sampling time over the step's wall time), ``async/training_busy``
 (the learner's time not spent waiting for a batch), ``async/wait_s``.
 """
@@ -246,6 +247,8 @@ class AsyncSteps:
     async_rollouts: AsyncRollouts | None = None
     async_restored: dict[str, Any] | None = None
     _last_take: float | None = None
+    prompt_cursor: int
+    prompts_at: Callable[[int, int], list[int]]
 
     def async_sampler(self) -> Sampler:
         """What the producer runs: the stage's engine, built there on the producer's copy of the weights."""
@@ -260,14 +263,17 @@ class AsyncSteps:
         producer (started on first use, from a checkpoint's state on resume)."""
         cfg = self.config
         if self.async_rollouts is None:
-            if self.dist.world_size > 1:
-                raise ConfigError("async runs in one process for now; drop async or torchrun")
+            from tether.trainers.parallel import is_sharded, unwrap
+
+            if is_sharded(self.model):
+                raise ConfigError("async under torchrun needs train.strategy ddp: each rank's producer holds the "
+                                  "whole weights, which fsdp2 shards")
             self.async_rollouts = AsyncRollouts(
-                self.policy, self.tokenizer, sampler=self.async_sampler(),
+                unwrap(self.policy), self.tokenizer, sampler=self.async_sampler(),
                 max_staleness=cfg.async_rollout.max_staleness, threads=cfg.async_rollout.threads,
                 max_steps=cfg.train.max_steps, draw=lambda step: self.next_prompts(cfg.train.batch_size),
                 request_of=lambda step, indices: (self.sampling_request(indices), self.sampling_params(0, step=step)))
-            self.async_rollouts.start(self.step, self.async_restored)
+            self.async_rollouts.start(self.step, self.restored_requests())
         indices, sampled, figures = self.async_rollouts.take(self.step)
         now = time.perf_counter()
         if self._last_take is not None:
@@ -276,6 +282,22 @@ class AsyncSteps:
             figures["async/training_busy"] = max(0.0, 1.0 - figures["async/wait_s"] / interval)
         self._last_take = now
         return indices, sampled, figures
+
+    def restored_requests(self) -> dict[str, Any] | None:
+        """A checkpoint's async state with this rank's prompts. The checkpoint (written by rank 0) names rank 0's;
+        the requested steps are the last draws before the restored ``prompt_cursor``, one batch of every rank
+        each, so every rank recomputes its own. Rank 0 checks them against the checkpoint's."""
+        restored = self.async_restored
+        if not restored:
+            return restored
+        steps, width = sorted(int(s) for s in restored["pending"]), self.config.train.batch_size
+        stride = width * self.dist.world_size
+        pending = {s: self.prompts_at(self.prompt_cursor - (len(steps) - i) * stride, width)
+                   for i, s in enumerate(steps)}
+        if self.dist.is_main and pending != {int(s): list(v) for s, v in restored["pending"].items()}:
+            raise RuntimeError("the checkpoint's async requests do not follow from its prompt cursor; resume from "
+                               "an earlier checkpoint")
+        return {**restored, "pending": pending}
 
     def async_collect(self) -> tuple[list[int], Any, torch.Tensor, dict[str, Any]]:
         """Step ``self.step``'s prompt indices, rollout, rewards and figures (the async ones added)."""

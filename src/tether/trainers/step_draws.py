@@ -34,15 +34,20 @@ class StepDraws:
         positions and rank r the r-th of every ``world_size``, so the ranks' prompts together are
         the single-process batch and ``prompt_cursor`` (positions used) is the same on every rank.
         """
+        out = self.prompts_at(self.prompt_cursor, count)
+        self.prompt_cursor += count * self.dist.world_size
+        return out
+
+    def prompts_at(self, cursor: int, count: int) -> list[int]:
+        """This rank's ``count`` prompt indices of the draw that starts at position ``cursor`` of the order."""
         out = []
         n = len(self.records)
         rank, world = self.dist.rank, self.dist.world_size
         for i in range(count):
-            epoch, offset = divmod(self.prompt_cursor + i * world + rank, n)
+            epoch, offset = divmod(cursor + i * world + rank, n)
             order = list(range(n))
             random.Random(f"{self.config.train.seed}:{epoch}").shuffle(order)
             out.append(order[offset])
-        self.prompt_cursor += count * world
         return out
 
     def sampling_params(self, round_index: int, step: int | None = None) -> SamplingParams:
