@@ -261,6 +261,40 @@ print('caps', caps[0], 'shell', *subprocess.run(['/bin/sh', '-c', 'id -u; ls /pr
     assert sandbox_processes(NOBODY) == []
 
 
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no system call table here")
+@pytest.mark.parametrize("namespaces", [m for m in MODES if m.values[0] is not False])
+def test_the_kernels_exposed_calls_are_refused_and_ordinary_processes_still_start(namespaces):
+    """The seccomp filter: a new user namespace (unshare, or clone with CLONE_NEWUSER), ptrace, bpf, io_uring and
+    a new mount API call fail with EPERM (without the filter, an unprivileged uid here may make a user namespace
+    and be root inside it); fork, a thread and a shell (processes=8) still run. The fallback blocks ctypes, so
+    it is covered by the report alone."""
+    x86 = os.uname().machine == "x86_64"
+    calls = {"unshare": (272 if x86 else 97, 0x10000000), "clone_newuser": (56 if x86 else 220, 0x10000000 | 17),
+             "ptrace": (101 if x86 else 117, 0), "bpf": (321 if x86 else 280, 0), "io_uring_setup": (425, 1),
+             "fsopen": (430, 0)}
+    code = f"""import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for name, (number, arg) in {calls!r}.items():
+    result = libc.syscall(ctypes.c_long(number), ctypes.c_ulong(arg), 0, 0, 0, 0)
+    print(name, result, ctypes.get_errno())
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print('fork', os.waitpid(pid, 0)[1] >> 8)
+thread = threading.Thread(target=print, args=('thread',))
+thread.start()
+thread.join()
+print('shell', subprocess.run(['/bin/sh', '-c', 'echo ok'], capture_output=True, text=True).stdout.strip())"""
+    result = run(code, namespaces, processes=8, wall_s=10)
+    assert result.ok, result.stderr
+    assert result.isolation["syscalls"].startswith("seccomp")
+    lines = result.stdout.splitlines()
+    assert lines[: len(calls)] == [f"{name} -1 1" for name in calls]  # EPERM
+    assert lines[len(calls):] == ["fork 7", "thread", "shell ok"]
+    assert run("pass", False).isolation["syscalls"].startswith("seccomp")
+
+
 @pytest.mark.parametrize("namespaces", MODES)
 def test_printing_1_gb_hits_the_output_limit(namespaces):
     result = run("import sys\nwhile True:\n    sys.stdout.write('x' * 1_000_000)", namespaces)
@@ -270,7 +304,7 @@ def test_printing_1_gb_hits_the_output_limit(namespaces):
 
 def test_isolation_is_reported():
     report = isolation_report()
-    assert set(report) == {"network", "filesystem", "processes", "user"}
+    assert set(report) == {"network", "filesystem", "processes", "user", "syscalls"}
     fallback = isolation_report({"namespaces": False})
     assert fallback["network"] == "audit-hook" and fallback["filesystem"] == "audit-hook"
 

@@ -17,7 +17,8 @@ output             stdout + stderr read with a bounded reader; killed at the cap
 and no network, no view of the host's files beyond a read-only root, and an empty environment.
 Which isolation mechanism was active (Linux network / mount / pid namespaces: as root, or for any other
 user inside a user namespace of their own, without capabilities and with their home directory hidden; or
-the audit-hook fallback) is reported in ``SandboxResult.isolation``; see ``_sandbox_child.py`` for each.
+the audit-hook fallback), and the seccomp filter under each, are reported in ``SandboxResult.isolation``; see
+``_sandbox_child.py`` for each.
 
 How "which limit was hit" is decided: signals and this process's own kills are certain; memory,
 file-size and process limits are read from the error the interpreter printed (``MemoryError``,
