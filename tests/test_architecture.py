@@ -15,7 +15,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tether"
 TRAINER_BASE = {"loop", "optimization", "checkpoint", "distributed", "metrics", "parallel", "rl", "rollout_consistency", "entropy_control",
-                "critic", "process_supervision", "turn_reference", "distillation", "rl_report", "async_rollout"}
+                "critic", "process_supervision", "turn_reference", "distillation", "rl_report", "async_rollout",
+                "step_draws"}
 MAX_LINES = 500
 
 
