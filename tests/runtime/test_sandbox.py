@@ -261,6 +261,38 @@ print('caps', caps[0], 'shell', *subprocess.run(['/bin/sh', '-c', 'id -u; ls /pr
     assert sandbox_processes(NOBODY) == []
 
 
+@pytest.mark.skipif(bool(USER_NAMESPACES_UNAVAILABLE), reason=USER_NAMESPACES_UNAVAILABLE)
+def test_an_interpreter_inside_the_hidden_home_is_re_exposed():
+    """A pyenv-style interpreter under the user's home: the home is covered, the interpreter's prefix alone is
+    bound back read-only, so the program runs and still sees nothing else of the home. (The prefix here is the
+    system's /usr bound under a folder of nobody's.)"""
+    home = Path(f"/var/tmp/tether-home-{uuid.uuid4().hex}")
+    prefix = home / "pyenv"
+    prefix.mkdir(parents=True)
+    (home / "secret").write_text("hunter2")
+    for path in (home, prefix, home / "secret"):
+        os.chown(path, NOBODY, NOBODY)
+    home.chmod(0o700)
+    # read-only, and never removed while mounted: a tree removal would otherwise reach the system's /usr
+    if subprocess.run(["mount", "--bind", "/usr", str(prefix)], capture_output=True).returncode != 0:
+        shutil.rmtree(home)
+        pytest.skip("cannot bind-mount here")
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(prefix)], check=True, capture_output=True)
+    python = str(prefix / "bin" / Path(os.path.realpath("/usr/bin/python3")).name)
+    code = f"import sys\nprint(sys.executable)\ntry:\n    open({str(home / 'secret')!r})\nexcept OSError as err:\n" \
+           "    print(type(err).__name__)\n"
+    try:
+        with as_nobody(private=[str(home)]), mock.patch.object(sandbox, "_interpreter", lambda: (python, str(prefix))):
+            result = run_python(code, limits=SMALL)
+    finally:
+        subprocess.run(["umount", "-l", str(prefix)], capture_output=True)
+        if os.path.ismount(prefix):
+            raise RuntimeError(f"{prefix} is still mounted: remove {home} by hand after unmounting it")
+        shutil.rmtree(home)
+    assert result.ok, result.stderr
+    assert result.stdout.split() == [python, "FileNotFoundError"]
+
+
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no system call table here")
 @pytest.mark.parametrize("namespaces", [m for m in MODES if m.values[0] is not False])
 def test_the_kernels_exposed_calls_are_refused_and_ordinary_processes_still_start(namespaces):
