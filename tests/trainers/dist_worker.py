@@ -71,6 +71,14 @@ def build(trainer: str, strategy: str, out: Path, steps: int, save_every: int | 
         return PreferenceTrainer(cfg, model, tokenizer, out, stage=trainer)
     rl = {"data": {"task": {"name": "arithmetic", "n": 32}}, "train": {**train, "grad_accum": 1, "batch_size": PROMPTS // world},
           "rewards": [{"name": "accuracy", "kwargs": {"task": "arithmetic"}}]}
+    if trainer == "ppo_async":  # a producer per rank, one version behind, with the real engine (see grpo_async)
+        from tether.config.rl import PPOConfig
+        from tether.trainers.ppo import PPOTrainer
+
+        cfg = PPOConfig(**common, **{**rl, "rewards": [{"name": "length", "kwargs": {"target": 4}}]},
+                        critic={"init": "policy"}, rollout={"group_size": 2, "max_new_tokens": 8},
+                        rollout_correction={"mode": "tis"}, **{"async": {"max_staleness": 1, "threads": 1}})
+        return PPOTrainer(cfg, model, tokenizer, out, stage=trainer)
     if trainer == "ppo":
         from tether.config.rl import PPOConfig
         from tether.trainers.ppo import PPOTrainer

@@ -122,3 +122,25 @@ def test_exporting_again_from_the_same_checkpoint_leaves_one_clean_export(tmp_pa
     ckpt.export_final(trainer.stage_dir, trainer.model, trainer.tokenizer, checkpoint=last)
     assert os.stat(trainer.stage_dir / "model.safetensors").st_ino == os.stat(last / "model.safetensors").st_ino
     assert_export_is_what_writing_gives(trainer, tmp_path)
+
+
+def test_exporting_again_replaces_a_folder_of_the_export(tmp_path):
+    """PPO's export holds a folder (the critic in ``value/``). A stage resumed after its export (killed before it
+    was marked finished) exports again: the folder is replaced with the new critic, not refused (a rename onto a
+    non-empty folder fails: found resuming an async PPO run on two ranks)."""
+    from tether.models.value_model import ActorCritic, value_model_from
+
+    policy, tokenizer = build_tiny("tiny", seed=0)
+    model = ActorCritic(policy, value_model_from(policy, seed=0))
+    stage = tmp_path / "ppo"
+    stage.mkdir()
+    ckpt.export_final(stage, model, tokenizer)
+    with torch.no_grad():
+        for p in model.critic.parameters():
+            p.add_(1.0)
+    ckpt.export_final(stage, model, tokenizer)
+    written = tmp_path / "written"
+    ckpt.save_weights(model.critic, tokenizer, written)
+    for name in ("model.safetensors", "config.json"):
+        assert (stage / "value" / name).read_bytes() == (written / name).read_bytes(), name
+    assert not list(stage.glob(".*" + ckpt.TMP_SUFFIX))

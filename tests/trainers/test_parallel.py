@@ -140,19 +140,20 @@ def test_dpo_and_grpo_match_single_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_async_grpo_on_two_ranks_is_reproducible_and_resumes_each_ranks_requests(tmp_path):
-    """Async GRPO (one version behind) under torchrun: a producer per rank samples that rank's prompts. A run
-    resumed from its step-2 checkpoint ends on the uninterrupted run's weights: the checkpoint (rank 0's) holds
-    rank 0's requested prompts, and each rank recomputes its own from the prompt cursor."""
-    run_worker(tmp_path / "full", "grpo_async:ddp", nproc=2)
-    resumable_copy(tmp_path / "full" / "ddp", tmp_path / "cut" / "ddp", "grpo_async")
-    run_worker(tmp_path / "cut", "grpo_async:ddp", nproc=2, resume=True)
+@pytest.mark.parametrize("stage", ["grpo_async", "ppo_async"])
+def test_async_rl_on_two_ranks_resumes_each_ranks_requests(tmp_path, stage):
+    """Async GRPO and PPO (one version behind) under torchrun: a producer per rank samples that rank's prompts.
+    A run resumed from its step-2 checkpoint ends on the uninterrupted run's weights (PPO: and critic): the
+    checkpoint (rank 0's) holds rank 0's requested prompts, and each rank recomputes its own from the cursor."""
+    run_worker(tmp_path / "full", f"{stage}:ddp", nproc=2)
+    resumable_copy(tmp_path / "full" / "ddp", tmp_path / "cut" / "ddp", stage)
+    run_worker(tmp_path / "cut", f"{stage}:ddp", nproc=2, resume=True)
     full, cut = tmp_path / "full" / "ddp", tmp_path / "cut" / "ddp"
-    assert losses(cut, "grpo_async") == losses(full, "grpo_async")
-    assert all(v != 0 for v in metric(full, "grpo_async", "advantage/advantage_std").values())  # it trains
-    staleness = metric(full, "grpo_async", "async/staleness_max")
+    assert losses(cut, stage) == losses(full, stage)
+    assert all(v != 0 for v in metric(full, stage, "advantage/advantage_std").values())  # it trains
+    staleness = metric(full, stage, "async/staleness_max")
     assert [staleness[s] for s in sorted(staleness)] == [0.0, 1.0, 1.0]
-    a, b = final_weights(full, "grpo_async"), final_weights(cut, "grpo_async")
+    a, b = final_weights(full, stage), final_weights(cut, stage)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -377,6 +377,13 @@ def export_final(stage_dir: Path, model: torch.nn.Module, tokenizer: Any, *, mer
         target = stage_dir / file.name
         if target.exists() and os.path.samefile(file, target):  # exported from this checkpoint before (a
             file.unlink()  # resumed, finished stage): renaming one link of a file onto another does nothing
+        elif file.is_dir() and target.is_dir():  # a folder (PPO's value/) exported before: a rename cannot
+            old = stage_dir / (".old-" + file.name + TMP_SUFFIX)  # replace a non-empty folder, so set it aside
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(target, old)
+            os.replace(file, target)
+            shutil.rmtree(old)
         else:
             os.replace(file, target)
     tmp.rmdir()
