@@ -49,9 +49,10 @@ def mixture_counts(weights: Sequence[float], size: int) -> list[int]:
     return counts
 
 
-def stream_indices(n: int, start: int, count: int, *, seed: int | str) -> list[int]:
+def stream_indices(n: int, start: int, count: int, *, seed: int | str, namespace: str = "tether-mix:") -> list[int]:
     """Positions ``start ... start + count - 1`` of an endless stream of passes over ``range(n)``, pass ``p``
-    shuffled by ``(seed, p)``: the indices of a source's examples that an epoch takes."""
+    shuffled by ``(namespace, seed, p)``: the indices of a source's examples that an epoch takes (mixtures), or
+    of the prompts a step or round draws (the RL and online-preference trainers, each in its namespace)."""
     if n < 1:
         raise ValueError("a stream needs at least one example")
     out: list[int] = []
@@ -59,7 +60,7 @@ def stream_indices(n: int, start: int, count: int, *, seed: int | str) -> list[i
     while position < end:
         p, offset = divmod(position, n)
         order = list(range(n))
-        random.Random(f"tether-mix:{seed}:{p}").shuffle(order)
+        random.Random(f"{namespace}{seed}:{p}").shuffle(order)
         take = order[offset: offset + (end - position)]
         out.extend(take)
         position += len(take)

@@ -204,7 +204,7 @@ def _isolate_filesystem(libc, job):
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['disk_kb']}k,mode=1777")
     if os.path.isdir("/dev/shm"):
         _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
-    if os.geteuid() == 0 and job["uid"] is not None:  # root: the program's uid must reach the interpreter
+    if job["uid"] is not None:  # root (a user namespace has none): the program's uid must reach the interpreter
         closed = _closed_ancestor(job["prefix"])
         if closed is not None:
             _cover(libc, closed, job["prefix"])
@@ -413,12 +413,10 @@ def main():
                                "under /usr/bin, or run where Linux namespaces are permitted"})
             os._exit(3)
         job["python"] = job["shared_python"]  # its own stdlib: the program needs nothing of tether's
-    if user_namespace:
-        pass
-    elif os.geteuid() == 0:
-        isolation["user"] = f"uid {job['uid']}"
-    else:
+    if os.geteuid() != 0:  # an ordinary user: no uid to switch to (in a user namespace, uid 0 is this user)
         job["uid"] = None
+    elif not user_namespace:
+        isolation["user"] = f"uid {job['uid']}"
     pid = os.fork()
     if pid == 0:
         if namespaces:

@@ -54,6 +54,7 @@ from tether.config.preference import OnlineDPOConfig
 from tether.core.pairing import make_pairs, rso_scores, win_probabilities
 from tether.core.rollout_correction import mismatch_metrics
 from tether.data.files import read_jsonl, torch_save_atomic, write_json_atomic, write_jsonl_atomic
+from tether.data.mixing import stream_indices
 from tether.data.pairs import tokenize_pairs
 from tether.data.schedule import BatchSchedule, chunks
 from tether.data.sources import record_columns, training_prompts
@@ -144,14 +145,8 @@ class OnlinePreferenceTrainer(Trainer):
 
     def round_prompts(self, r: int) -> list[int]:
         """Prompt indices of round ``r``: consecutive slices of per-epoch shuffles (a function of ``r``)."""
-        n, count = len(self.records), self.config.prompts_per_round
-        out = []
-        for cursor in range(r * count, (r + 1) * count):
-            epoch, offset = divmod(cursor, n)
-            order = list(range(n))
-            random.Random(f"online:{self.config.train.seed}:{epoch}").shuffle(order)
-            out.append(order[offset])
-        return out
+        count = self.config.prompts_per_round
+        return stream_indices(len(self.records), r * count, count, seed=self.config.train.seed, namespace="online:")
 
     def sampling_params(self, r: int) -> SamplingParams:
         ro = self.config.rollout

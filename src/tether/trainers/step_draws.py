@@ -7,9 +7,9 @@ uninterrupted one drew.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
+from tether.data.mixing import stream_indices
 from tether.rollout import SamplingParams
 
 # Under torchrun each rank samples its own prompts. With one seed for all of them, row j of every rank drew
@@ -40,15 +40,9 @@ class StepDraws:
 
     def prompts_at(self, cursor: int, count: int) -> list[int]:
         """This rank's ``count`` prompt indices of the draw that starts at position ``cursor`` of the order."""
-        out = []
-        n = len(self.records)
-        rank, world = self.dist.rank, self.dist.world_size
-        for i in range(count):
-            epoch, offset = divmod(cursor + i * world + rank, n)
-            order = list(range(n))
-            random.Random(f"{self.config.train.seed}:{epoch}").shuffle(order)
-            out.append(order[offset])
-        return out
+        world = self.dist.world_size
+        drawn = stream_indices(len(self.records), cursor, count * world, seed=self.config.train.seed, namespace="")
+        return drawn[self.dist.rank :: world]
 
     def sampling_params(self, round_index: int, step: int | None = None) -> SamplingParams:
         """The engine parameters of a generation round: ``group_size`` samples per prompt and a seed that is a
